@@ -1,0 +1,231 @@
+"""The client side of a mailbox: a DEALER connection with request/reply, heartbeats and reconnection.
+
+Paranoid Pirate (ZeroMQ guide, ch. 4): both ends send a heartbeat every `interval`; a peer silent for
+`interval × liveness` is declared dead. Here that fails every request in flight to it with `PeerDead`
+(never a silent hang), and the socket is replaced (dropping queued messages) and reconnected, retrying
+with capped exponential backoff until the peer speaks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from guirl.actors.errors import Overloaded, PeerDead, RemoteError, RequestTimeout
+from guirl.actors.zsock import AsyncSocket
+from guirl.messages import CodecError, Header, make_header
+from guirl.messages.types import ErrorReply, Heartbeat, Message
+
+if TYPE_CHECKING:
+    from guirl.actors.base import Actor
+
+log = logging.getLogger(__name__)
+
+
+class _Expired(Exception):
+    pass
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(_Expired())
+
+
+class Connection:
+    """A named connection from an actor to another actor's mailbox (`channel` types its replies)."""
+
+    def __init__(self, actor: Actor, name: str, endpoint: str, channel: Any) -> None:
+        self.actor = actor
+        self.name = name
+        self.endpoint = endpoint
+        self.channel = channel
+        self.identity = f"{actor.name}/{os.urandom(3).hex()}".encode()
+        self.state = "connecting"  # connecting -> alive <-> dead
+        self.last_heard = 0.0
+        self.declared_dead_at: float | None = None
+        self.reconnects = 0
+        self.incarnation = ""  # the peer process's random id, from its heartbeats
+        self._pending: dict[str, asyncio.Future] = {}
+        self._sock: AsyncSocket | None = None
+        self._alive = asyncio.Event()
+        self._backoff = actor.runtime.reconnect_backoff_initial_s
+        self._next_reconnect = 0.0
+
+    # -- socket lifecycle ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        rt = self.actor.runtime
+        sock = self.actor.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.setsockopt(zmq.SNDHWM, rt.sndhwm)
+        sock.setsockopt(zmq.RCVHWM, rt.rcvhwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, max(1, int(rt.reconnect_backoff_initial_s * 1000)))
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(rt.reconnect_backoff_max_s * 1000)))
+        sock.connect(self.endpoint)
+        self._sock = AsyncSocket(sock, self._on_frames, self.actor.crash, self.name)
+        self.last_heard = self.actor.loop.time()
+        self._send_heartbeat()  # introduce ourselves so the server starts heartbeating back
+
+    def close(self) -> None:
+        self._alive.clear()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._fail_pending(PeerDead(f"connection {self.name!r} closed"))
+
+    async def wait_alive(self, timeout: float) -> None:
+        """Until the peer has answered at least once (a heartbeat is enough)."""
+        await asyncio.wait_for(self._alive.wait(), timeout)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def _frames(self, msg: Message, reply_to: str = "") -> tuple[Header, list[Any]]:
+        a = self.actor
+        header = make_header(a.ids, a.name, policy_version=a.policy_version, reply_to=reply_to)
+        return header, [b"", *a.codec.encode(header, msg)]
+
+    def _send_heartbeat(self) -> None:
+        if self._sock is None:
+            return
+        _, frames = self._frames(Heartbeat(inflight=len(self._pending)))
+        if not self._sock.try_send(frames):
+            self.actor.counters["dropped.hwm"] += 1
+
+    async def send(self, msg: Message, *, timeout: float | None = None) -> Header:
+        """One-way send; raises `Overloaded` if the queue stays full for `timeout`, `PeerDead` if dead."""
+        if self.state == "dead" or self._sock is None:
+            raise PeerDead(f"peer {self.name!r} at {self.endpoint} is dead")
+        header, frames = self._frames(msg)
+        t = self.actor.runtime.request_timeout_s if timeout is None else timeout
+        if not await self._sock.send(frames, t):
+            self.actor.counters["dropped.hwm"] += 1
+            raise Overloaded(f"send queue to {self.name!r} full for {t:.3g} s")
+        self.actor.counters["sent"] += 1
+        self.actor.record("out", self.name, self.name, frames[1:], msg)
+        return header
+
+    async def request(self, msg: Message, *, timeout: float | None = None) -> Message:
+        """Send `msg` and await the correlated reply. An `ErrorReply` is raised as `RemoteError`."""
+        t = self.actor.runtime.request_timeout_s if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + t
+        header = await self.send(msg, timeout=t)
+        fut = loop.create_future()
+        self._pending[header.msg_id] = fut
+        # a timer handle is much cheaper than asyncio.wait_for on this hot path
+        timer = loop.call_later(max(0.0, deadline - loop.time()), _expire, fut)
+        try:
+            return await fut
+        except _Expired:
+            self.actor.counters["requests.timeout"] += 1
+            raise RequestTimeout(
+                f"no reply from {self.name!r} to {type(msg).__name__} {header.msg_id} within {t:.3g} s"
+            ) from None
+        finally:
+            timer.cancel()
+            self._pending.pop(header.msg_id, None)
+
+    def _fail_pending(self, exc: Exception) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()
+
+    # -- receiving (called from the socket's fd callback) ----------------------------------------
+
+    def _on_frames(self, frames: list) -> None:
+        a = self.actor
+        self.last_heard = a.loop.time()
+        if self.state != "alive":
+            self._mark_alive()
+        if len(frames) < 3 or len(frames[0]) != 0:
+            a.counters["dropped.frames"] += 1
+            return
+        try:
+            header, msg = a.codec.decode(frames[1:], self.channel)
+        except CodecError as exc:
+            a.counters[f"dropped.{exc.code}"] += 1
+            a.log_drop(self.name, exc)
+            return
+        if isinstance(msg, Heartbeat):
+            self._check_incarnation(msg.incarnation)
+            return
+        a.counters["received"] += 1
+        if a.recorder is not None:
+            a.record("in", self.name, self.name, [f.buffer for f in frames[1:]], msg)
+        if header.reply_to:
+            fut = self._pending.get(header.reply_to)
+            if fut is None:
+                a.counters["late_replies"] += 1
+            elif not fut.done():
+                if isinstance(msg, ErrorReply):
+                    fut.set_exception(RemoteError(msg.code, msg.message, msg.retryable, self.name))
+                else:
+                    fut.set_result(msg)
+        else:
+            a.enqueue_push(self, header, msg)
+
+    def _check_incarnation(self, incarnation: str) -> None:
+        """A peer that restarted within the liveness window lost our requests: fail them now."""
+        if not incarnation:
+            return
+        if self.incarnation and incarnation != self.incarnation:
+            self.actor.counters["peers.restarted"] += 1
+            err = PeerDead(f"peer {self.name!r} at {self.endpoint} restarted; its requests in flight failed")
+            log.warning("%s", err)
+            self._fail_pending(err)
+            self.actor.on_peer_dead(self.name, err)
+        self.incarnation = incarnation
+
+    def _mark_alive(self) -> None:
+        was = self.state
+        self.state = "alive"
+        self.declared_dead_at = None
+        self._backoff = self.actor.runtime.reconnect_backoff_initial_s
+        self._alive.set()
+        if was == "dead":
+            self.reconnects += 1
+            self.actor.counters["peers.reconnected"] += 1
+            log.info("peer %r at %s is back", self.name, self.endpoint)
+
+    # -- heartbeats and reconnection -------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Called every heartbeat interval by the actor: heartbeat, detect death, reconnect."""
+        rt = self.actor.runtime
+        silent = now - self.last_heard
+        if self.state != "dead" and silent > rt.heartbeat_interval_s * rt.heartbeat_liveness:
+            self.state = "dead"
+            self.declared_dead_at = now
+            self._alive.clear()
+            self.actor.counters["peers.dead"] += 1
+            err = PeerDead(
+                f"peer {self.name!r} at {self.endpoint} missed {rt.heartbeat_liveness} heartbeats "
+                f"({silent:.2f} s silent); its requests in flight failed"
+            )
+            log.warning("%s", err)
+            self._fail_pending(err)
+            self.actor.on_peer_dead(self.name, err)
+            self._reconnect(now)
+        elif self.state == "dead" and now >= self._next_reconnect:
+            self._reconnect(now)
+        self._send_heartbeat()
+
+    def _reconnect(self, now: float) -> None:
+        if self._sock is not None:
+            self._sock.close()  # drops what was queued for the dead peer
+            self._sock = None
+        self.open()
+        self.last_heard = self.declared_dead_at or now  # stay dead until the peer speaks
+        self._next_reconnect = now + self._backoff
+        self._backoff = min(self._backoff * 2, self.actor.runtime.reconnect_backoff_max_s)
+        self.actor.counters["reconnect_attempts"] += 1
+
+    def __repr__(self) -> str:
+        return f"Connection({self.name!r}, {self.endpoint!r}, {self.state})"
+

@@ -1,0 +1,105 @@
+"""Running an actor as its own process: the spec that describes it and the spawned entry point.
+
+Processes are started with the `spawn` method, never forked: a fork would copy live ZeroMQ sockets and
+context threads. The child reports readiness (with its actual bound endpoints) over a multiprocessing
+pipe, so the parent never sleeps to wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import importlib
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+import msgspec
+
+from guirl.config import GuirlConfig
+
+log = logging.getLogger(__name__)
+
+
+class ActorSpec(msgspec.Struct, kw_only=True):
+    """What a supervisor needs to (re)start an actor process."""
+
+    name: str
+    """Actor name (unique in a cluster); also its log label."""
+    target: str
+    """`module:Class` of the actor."""
+    bind: list[str] = []
+    """Mailbox endpoints (`tcp://127.0.0.1:0` binds a random port, reported back when ready)."""
+    options: dict[str, Any] = {}
+    """Keyword arguments for the actor class beyond the runtime ones (msgpack-able values)."""
+    record: bool = False
+    """Record this actor's messages (overrides `recorder.enabled` when True)."""
+    run_dir: str = ""
+    """The run directory; message logs go under it unless `recorder.dir` says otherwise."""
+
+
+def resolve_target(target: str) -> type:
+    module, _, attr = target.partition(":")
+    if not module or not attr:
+        raise ValueError(f"actor target {target!r} must be 'module:Class'")
+    return getattr(importlib.import_module(module), attr)
+
+
+def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
+    """Instantiate the actor of `spec` with its slice of the config (and a recorder if asked)."""
+    cls = resolve_target(spec.target)
+    recorder = None
+    if spec.record or cfg.recorder.enabled:
+        from guirl.msglog import Recorder
+
+        directory = cfg.recorder.dir or os.path.join(spec.run_dir or ".", "msglogs")
+        os.makedirs(directory, exist_ok=True)
+        recorder = Recorder(
+            directory, spec.name, actor=spec.name, rotate_bytes=cfg.recorder.rotate_bytes,
+            directions=tuple(cfg.recorder.directions),
+        )
+    return cls(spec.name, runtime=cfg.runtime, codec=cfg.codec, bind=spec.bind, recorder=recorder,
+               **spec.options)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us if the supervisor dies (even by SIGKILL): no orphaned actors."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid: int) -> None:
+    """Entry point of a spawned actor process."""
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        sys.exit(1)
+    spec = msgspec.msgpack.decode(spec_bytes, type=ActorSpec)
+    cfg = msgspec.msgpack.decode(cfg_bytes, type=GuirlConfig)
+    from guirl.log import setup_logging
+
+    setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)
+    actor = build_actor(spec, cfg)
+
+    def ready(endpoints: list[str]) -> None:
+        ready_conn.send_bytes(msgspec.msgpack.encode({"pid": os.getpid(), "endpoints": endpoints}))
+        ready_conn.close()
+
+    run_actor(actor, ready)
+
+
+def run_actor(actor: Any, ready: Any = None) -> None:
+    """Run one actor on uvloop in this process until it shuts down; crash → non-zero exit."""
+    import uvloop
+
+    try:
+        uvloop.run(actor.run(ready))
+    except BaseException:
+        log.exception("actor %s crashed", actor.name)
+        logging.shutdown()
+        os._exit(1)
+    logging.shutdown()

@@ -1,0 +1,223 @@
+"""The supervisor: starts actor processes (spawn), waits for them to be ready, restarts crashed ones with
+exponential backoff, reports every start/exit/restart as an event, and stops them gracefully.
+
+A restarted actor rebinds the endpoints its first incarnation actually bound (a random tcp port stays
+the same), so its peers' connections find it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from guirl.actors.process import ActorSpec, actor_main
+from guirl.config import GuirlConfig
+
+log = logging.getLogger(__name__)
+_spawn = mp.get_context("spawn")
+
+
+@dataclass(frozen=True)
+class SupervisorEvent:
+    """Something that happened to a supervised actor."""
+
+    kind: str  # started | exited | restarted | gave_up | stopped | start_failed
+    name: str
+    pid: int = 0
+    exitcode: int | None = None
+    restarts: int = 0
+    detail: str = ""
+    at: float = field(default_factory=time.time)
+
+
+class ActorStartError(RuntimeError):
+    """An actor process died or stayed silent before reporting ready."""
+
+
+@dataclass
+class ActorHandle:
+    """A supervised actor: its spec, current process, actual endpoints, restart history."""
+
+    spec: ActorSpec
+    process: Any = None
+    endpoints: list[str] = field(default_factory=list)
+    restarts: int = 0
+    recent_exits: deque = field(default_factory=deque)
+    stopping: bool = False
+    watcher: asyncio.Task | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid if self.process is not None else 0
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+
+async def _wait_fd(fd: int | list[int], timeout: float | None) -> bool:
+    """True once one of the fds is readable (a pipe message or a process sentinel), False on timeout."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    fds = fd if isinstance(fd, list) else [fd]
+    for f in fds:
+        loop.add_reader(f, lambda: fut.done() or fut.set_result(None))
+    try:
+        await asyncio.wait_for(fut, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        for f in fds:
+            loop.remove_reader(f)
+
+
+class Supervisor:
+    """Owns a set of actor processes for one run. Use `async with Supervisor(cfg) as sup:`."""
+
+    def __init__(self, cfg: GuirlConfig, *, run_dir: str = "") -> None:
+        self.cfg = cfg
+        self.sc = cfg.supervisor
+        self.run_dir = run_dir
+        self.actors: dict[str, ActorHandle] = {}
+        self.events: asyncio.Queue[SupervisorEvent] = asyncio.Queue()
+        self.history: list[SupervisorEvent] = []
+        self._cfg_bytes = msgspec.msgpack.encode(cfg)
+
+    async def __aenter__(self) -> Supervisor:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop_all()
+
+    def _emit(self, event: SupervisorEvent) -> None:
+        self.history.append(event)
+        self.events.put_nowait(event)
+        level = logging.WARNING if event.kind in ("exited", "gave_up", "start_failed") else logging.INFO
+        log.log(level, "actor %s %s (pid %s, exit %s, restarts %d) %s", event.name, event.kind, event.pid,
+                event.exitcode, event.restarts, event.detail)
+
+    async def _spawn(self, handle: ActorHandle, spec: ActorSpec) -> None:
+        if not spec.run_dir and self.run_dir:
+            spec = msgspec.structs.replace(spec, run_dir=self.run_dir)
+        recv_conn, send_conn = _spawn.Pipe(duplex=False)
+        proc = _spawn.Process(
+            target=actor_main, name=f"guirl:{spec.name}",
+            args=(msgspec.msgpack.encode(spec), self._cfg_bytes, send_conn, os.getpid()),
+        )
+        proc.start()
+        send_conn.close()
+        handle.process = proc
+        try:
+            deadline = time.monotonic() + self.sc.start_timeout_s
+            while not recv_conn.poll():
+                remaining = deadline - time.monotonic()
+                if not proc.is_alive():
+                    proc.join()
+                    raise ActorStartError(f"actor {spec.name} exited with {proc.exitcode} before ready")
+                if remaining <= 0:
+                    proc.kill()
+                    proc.join()
+                    raise ActorStartError(f"actor {spec.name} not ready within {self.sc.start_timeout_s} s")
+                # wake on either the ready message or the process dying
+                await _wait_fd([recv_conn.fileno(), proc.sentinel], remaining)
+            try:
+                info = msgspec.msgpack.decode(recv_conn.recv_bytes())
+            except EOFError:
+                proc.join()
+                raise ActorStartError(f"actor {spec.name} exited with {proc.exitcode} before ready") from None
+        finally:
+            recv_conn.close()
+        handle.endpoints = list(info["endpoints"])
+
+    async def start(self, spec: ActorSpec) -> ActorHandle:
+        """Start an actor and wait until it is ready; its endpoints are in the returned handle."""
+        if spec.name in self.actors:
+            raise ValueError(f"an actor named {spec.name!r} is already supervised")
+        handle = ActorHandle(spec=spec)
+        await self._spawn(handle, spec)
+        self.actors[spec.name] = handle
+        self._emit(SupervisorEvent("started", spec.name, handle.pid))
+        handle.watcher = asyncio.create_task(self._watch(handle), name=f"watch:{spec.name}")
+        return handle
+
+    async def _watch(self, handle: ActorHandle) -> None:
+        name = handle.spec.name
+        while True:
+            await _wait_fd(handle.process.sentinel, None)
+            handle.process.join()
+            code = handle.process.exitcode
+            if handle.stopping:
+                self._emit(SupervisorEvent("stopped", name, handle.pid, code, handle.restarts))
+                return
+            now = time.monotonic()
+            handle.recent_exits.append(now)
+            while handle.recent_exits and now - handle.recent_exits[0] > self.sc.restart_window_s:
+                handle.recent_exits.popleft()
+            self._emit(SupervisorEvent("exited", name, handle.pid, code, handle.restarts))
+            if len(handle.recent_exits) > self.sc.max_restarts:
+                self._emit(SupervisorEvent("gave_up", name, handle.pid, code, handle.restarts,
+                                           f"{len(handle.recent_exits)} exits in {self.sc.restart_window_s} s"))
+                return
+            delay = min(self.sc.restart_backoff_initial_s * 2 ** (len(handle.recent_exits) - 1),
+                        self.sc.restart_backoff_max_s)
+            await asyncio.sleep(delay)  # the backoff itself, not a synchronisation
+            # pin the endpoints actually bound, so a random port survives the restart
+            spec = msgspec.structs.replace(handle.spec, bind=handle.endpoints or handle.spec.bind)
+            try:
+                await self._spawn(handle, spec)
+            except ActorStartError as exc:  # counted as another exit on the next turn of the loop
+                if handle.stopping:
+                    self._emit(SupervisorEvent("stopped", name, 0, None, handle.restarts))
+                    return
+                self._emit(SupervisorEvent("start_failed", name, 0, None, handle.restarts, str(exc)))
+                continue
+            handle.restarts += 1
+            self._emit(SupervisorEvent("restarted", name, handle.pid, None, handle.restarts))
+
+    async def wait_event(self, kind: str, name: str | None = None, timeout: float = 30.0) -> SupervisorEvent:
+        """The next event of `kind` (for `name`), or TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ev = await asyncio.wait_for(self.events.get(), max(0.0, deadline - time.monotonic()))
+            if ev.kind == kind and (name is None or ev.name == name):
+                return ev
+
+    async def stop(self, name: str, timeout: float | None = None) -> int | None:
+        """Graceful stop: SIGTERM (the actor drains and closes), SIGKILL after `timeout`."""
+        handle = self.actors[name]
+        handle.stopping = True
+        timeout = self.sc.stop_timeout_s if timeout is None else timeout
+        proc = handle.process
+        if proc is not None and proc.is_alive():
+            proc.terminate()
+            if not await _wait_fd(proc.sentinel, timeout):
+                log.warning("actor %s did not stop within %.1f s; killing it", name, timeout)
+                proc.kill()
+                await _wait_fd(proc.sentinel, 5.0)
+            proc.join(1.0)
+        if handle.watcher is not None:
+            try:
+                await asyncio.wait_for(handle.watcher, 5.0)
+            except (TimeoutError, asyncio.CancelledError):
+                handle.watcher.cancel()
+        del self.actors[name]
+        return proc.exitcode if proc is not None else None
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self.stop(n) for n in list(self.actors)))
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Send a signal to an actor's process (fault injection in tests and the demo)."""
+        pid = self.actors[name].pid
+        os.kill(pid, sig)
+        return pid

@@ -1,0 +1,320 @@
+"""Loading, explaining and saving the config tree: defaults < TOML file < environment < ``--set`` overrides.
+
+Every field carries a one-line attribute docstring (the string literal on the line after it);
+``describe`` reads them back with ``ast`` so the documentation cannot drift from the code.
+To add a setting: add a field (with its docstring) to a section, and, if the seed scripts set
+it through the environment, add the variable to ``ENV_VARS`` (and to ``SECRET_KEYS`` if secret).
+"""
+
+import ast
+import functools
+import inspect
+import os
+import secrets
+import tempfile
+import textwrap
+import time
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import msgspec
+
+from guirl.config.schema import *
+from guirl.config.schema import ENV_VARS, REDACTED, SECRET_KEYS, GuirlConfig
+
+
+class ConfigError(ValueError):
+    """A configuration value, key or file is invalid; the message names the key and its source."""
+
+
+class FieldDoc(msgspec.Struct, frozen=True):
+    """Documentation of one leaf setting, as extracted by ``describe``."""
+
+    path: str
+    type: str
+    default: Any
+    doc: str
+    env: str | None
+    secret: bool
+
+
+# --------------------------------------------------------------------------- introspection
+
+
+def _is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
+def _fields(cls: type) -> dict[str, msgspec.structs.FieldInfo]:
+    return {f.name: f for f in msgspec.structs.fields(cls)}
+
+
+@functools.cache
+def field_docstrings(cls: type) -> dict[str, str]:
+    """Map each annotated field of ``cls`` to the string literal on the line after it ("" if none)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(body, [*body[1:], None], strict=True):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            is_doc = isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+            text = nxt.value.value if is_doc else ""  # type: ignore[union-attr]
+            docs[stmt.target.id] = text.strip() if isinstance(text, str) else ""
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:
+        meta = args[1]
+        bounds = [f"{op} {v}" for op, v in ((">", meta.gt), (">=", meta.ge)) if v is not None]
+        return " ".join([_type_name(args[0]), *bounds])
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _default(f: msgspec.structs.FieldInfo) -> Any:
+    return f.default_factory() if f.default is msgspec.NODEFAULT else f.default
+
+
+def describe(cls: type = GuirlConfig, prefix: str = "") -> list[FieldDoc]:
+    """Every leaf setting under ``cls``: dotted path, type, default, docstring, env var, secret flag."""
+    env_of = {path: name for name, path in ENV_VARS.items()}
+    docs = field_docstrings(cls)
+    out: list[FieldDoc] = []
+    for name, f in _fields(cls).items():
+        path = f"{prefix}{name}"
+        if _is_section(f.type):
+            out.extend(describe(f.type, f"{path}."))
+        else:
+            out.append(
+                FieldDoc(
+                    path,
+                    _type_name(f.type),
+                    _default(f),
+                    docs.get(name, ""),
+                    env_of.get(path),
+                    path in SECRET_KEYS,
+                )
+            )
+    return out
+
+
+def _leaf_type(path: str) -> Any:
+    """Type of the field at a valid dotted leaf path."""
+    cls: Any = GuirlConfig
+    for part in path.split("."):
+        cls = _fields(cls)[part].type
+    return cls
+
+
+# --------------------------------------------------------------------------- loading
+
+_Layer = dict[str, tuple[Any, str]]  # dotted leaf path -> (value, source)
+
+
+def _flatten(data: Mapping[str, Any], source: str, cls: type, prefix: str, out: _Layer) -> None:
+    """Add ``data``'s leaves to ``out``, rejecting keys that are not in ``cls``'s tree."""
+    fields = _fields(cls)
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"unknown key {path!r} (from {source})")
+        tp = fields[key].type
+        if _is_section(tp):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{path}: expected a table, got {value!r} (from {source})")
+            _flatten(value, source, tp, f"{path}.", out)
+        elif isinstance(value, Mapping) and value and get_origin(tp) is not dict:
+            # A table under a leaf (`run.name.x = 1`) is a misspelt key, not a wrong value.
+            raise ConfigError(f"unknown key {f'{path}.{next(iter(value))}'!r} (from {source})")
+        else:
+            out[path] = (value, source)
+
+
+def _from_toml_file(path: Path) -> _Layer:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc}") from exc
+    layer: _Layer = {}
+    _flatten(data, str(path), GuirlConfig, "", layer)
+    return layer
+
+
+def _from_env(env: Mapping[str, str]) -> _Layer:
+    layer: _Layer = {}
+    for name, path in ENV_VARS.items():
+        if name not in env:
+            continue
+        raw, source = env[name], f"env {name}"
+        # Environment values are strings; convert to the field's type here so errors name the variable.
+        try:
+            value = msgspec.convert(raw, _leaf_type(path), strict=False)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(_explain(path, raw, source, str(exc))) from None
+        layer[path] = (value, source)
+    return layer
+
+
+def _from_overrides(overrides: Sequence[str]) -> _Layer:
+    layer: _Layer = {}
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"malformed override {item!r}: expected key=value (from --set)")
+        try:
+            value = tomllib.loads("v = " + text)["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        nested: dict[str, Any] = {}
+        parts = key.split(".")
+        node = nested
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+        _flatten(nested, "--set", GuirlConfig, "", layer)
+        # `--set model.hf_ckpt=123` means the string "123", not an int: keep the raw text for str fields.
+        if key in layer and _leaf_type(key) is str and not isinstance(value, str):
+            layer[key] = (text, "--set")
+    return layer
+
+
+_TYPE_WORDS = {
+    "`float`": "a number",
+    "`int`": "an integer",
+    "`str`": "a string",
+    "`bool`": "a boolean",
+    "`array`": "a list",
+    "`object`": "a table",
+}
+
+
+def _explain(path: str, value: Any, source: str, msgspec_message: str) -> str:
+    """Turn msgspec's 'Expected `float` > 0.0 - at `$.x`' into 'path: expected a number > 0.0, got …'."""
+    detail = msgspec_message.split(" - at `", 1)[0]
+    if detail.startswith("Invalid enum value"):
+        tp = _leaf_type(path)
+        while get_origin(tp) in (list, Annotated):
+            tp = get_args(tp)[0]
+        detail = "expected one of " + ", ".join(repr(a) for a in get_args(tp))
+    else:
+        detail = detail.split(", got ", 1)[0]
+        for word, plain in _TYPE_WORDS.items():
+            detail = detail.replace(word, plain)
+        detail = detail[:1].lower() + detail[1:]
+    return f"{path}: {detail}, got {value!r} (from {source})"
+
+
+def _unflatten(layer: _Layer) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path, (value, _) in layer.items():
+        *parents, leaf = path.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Sequence[str] = (),
+) -> GuirlConfig:
+    """Resolve the config: defaults < TOML file at ``path`` < ``env`` (default os.environ) < overrides.
+
+    ``overrides`` are ``dotted.key=value`` strings (the CLI's ``--set``); a value that parses as a TOML
+    value is used as one (``3``, ``true``, ``["in"]``), anything else as a plain string.
+    """
+    layer: _Layer = {}
+    if path is not None:
+        layer.update(_from_toml_file(Path(path)))
+    layer.update(_from_env(os.environ if env is None else env))
+    layer.update(_from_overrides(overrides))
+    try:
+        return msgspec.convert(_unflatten(layer), GuirlConfig)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        at = message.rsplit(" - at `$.", 1)[-1].rstrip("`") if " - at `$." in message else ""
+        key = at.split("[", 1)[0]
+        value, source = layer.get(key, (None, "unknown source"))
+        raise ConfigError(_explain(key, value, source, message)) from None
+
+
+# --------------------------------------------------------------------------- saving
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)  # repr gives 1.0, 1e+20, inf, nan: all valid TOML
+    if isinstance(value, str):
+        escapes = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+        body = "".join(
+            escapes.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 or ord(c) == 0x7F else c) for c in value
+        )
+        return f'"{body}"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+def _toml_table(section: msgspec.Struct, prefix: str, redact: bool, lines: list[str]) -> None:
+    leaves, tables = [], []
+    for name in section.__struct_fields__:
+        value = getattr(section, name)
+        (tables if isinstance(value, msgspec.Struct) else leaves).append((name, value))
+    if leaves and prefix:
+        lines.extend(["", f"[{prefix}]"])
+    for name, value in leaves:
+        hidden = redact and value and f"{prefix}.{name}".lstrip(".") in SECRET_KEYS
+        lines.append(f"{name} = {_toml_value(REDACTED if hidden else value)}")
+    for name, value in tables:
+        _toml_table(value, f"{prefix}.{name}".lstrip("."), redact, lines)
+
+
+def to_toml(cfg: GuirlConfig, *, redact_secrets: bool = True) -> str:
+    """The config as TOML; set secrets are written as "***" unless ``redact_secrets`` is False."""
+    lines: list[str] = []
+    _toml_table(cfg, "", redact_secrets, lines)
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def save_resolved(cfg: GuirlConfig, run_dir: str | Path) -> Path:
+    """Atomically write the resolved config, secrets redacted, to ``<run_dir>/config.toml``."""
+    target = Path(run_dir) / "config.toml"
+    fd, tmp = tempfile.mkstemp(prefix=".config.toml.", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(to_toml(cfg, redact_secrets=True))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def make_run_dir(cfg: GuirlConfig) -> Path:
+    """Create and return a fresh ``<root_dir>/<name>-<YYYYmmdd-HHMMSS>-<4 hex>`` (UTC time)."""
+    root = Path(cfg.run.root_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    while True:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+        candidate = root / f"{cfg.run.name}-{stamp}-{secrets.token_hex(2)}"
+        try:
+            candidate.mkdir()  # exist_ok=False: never reuse a directory
+        except FileExistsError:
+            continue
+        return candidate

@@ -1,0 +1,264 @@
+"""The configuration schema: every section and field, with a one-line docstring each.
+
+To add a setting: add a field (with its docstring) to a section, and, if the seed scripts set it
+through the environment, add the variable to ``ENV_VARS`` (and to ``SECRET_KEYS`` if secret).
+"""
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta
+
+PosFloat = Annotated[float, Meta(gt=0)]
+PosInt = Annotated[int, Meta(gt=0)]
+NonNegInt = Annotated[int, Meta(ge=0)]
+
+
+class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Identity and location of one run."""
+
+    name: str = "guirl"
+    """Run name; the prefix of the run directory."""
+    root_dir: str = "runs"
+    """Directory under which run directories are created."""
+    seed: NonNegInt = 0
+    """Base random seed; each actor derives its own from it."""
+
+
+class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Actor runtime: heartbeats, reconnection, queues and shutdown."""
+
+    heartbeat_interval_s: PosFloat = 1.0
+    """Seconds between heartbeats sent to each peer."""
+    heartbeat_liveness: PosInt = 3
+    """Missed heartbeats before a peer is declared dead."""
+    reconnect_backoff_initial_s: PosFloat = 0.1
+    """First delay before reconnecting to a lost peer, in seconds."""
+    reconnect_backoff_max_s: PosFloat = 5.0
+    """Cap on the exponential reconnect delay, in seconds."""
+    request_timeout_s: PosFloat = 30.0
+    """Seconds a remote request may take before it fails."""
+    sndhwm: NonNegInt = 1000
+    """ZeroMQ send high-water mark per socket, in messages (0 = unlimited)."""
+    rcvhwm: NonNegInt = 1000
+    """ZeroMQ receive high-water mark per socket, in messages (0 = unlimited)."""
+    inbox_max: PosInt = 1024
+    """Bound of each actor's inbound message queue."""
+    max_concurrency: PosInt = 64
+    """Most handler tasks an actor runs at once."""
+    shutdown_timeout_s: PosFloat = 5.0
+    """Seconds an actor has to drain in-flight work on shutdown."""
+    term_timeout_s: PosFloat = 2.0
+    """Seconds to wait for the ZeroMQ context to terminate."""
+
+
+class CodecConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Limits checked when decoding wire messages."""
+
+    max_frames: PosInt = 64
+    """Most frames accepted in one multipart message."""
+    max_frame_bytes: PosInt = 64 * 2**20
+    """Largest accepted single frame, in bytes."""
+    max_body_bytes: PosInt = 8 * 2**20
+    """Largest accepted message body (excluding blob frames), in bytes."""
+    max_depth: PosInt = 32
+    """Deepest nesting accepted in a decoded message body."""
+
+
+class RecorderConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Optional recording of wire messages for replay and debugging."""
+
+    enabled: bool = False
+    """Record messages to disk."""
+    directions: list[Literal["in", "out"]] = msgspec.field(default_factory=lambda: ["in", "out"])
+    """Which directions to record: inbound, outbound or both."""
+    dir: str = ""
+    """Directory for message logs; empty means <run_dir>/msglogs."""
+    rotate_bytes: PosInt = 256 * 2**20
+    """Size at which a message log file is rotated, in bytes."""
+
+
+class LoggingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Process log output."""
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Lowest level of log lines emitted."""
+    format: Literal["text", "json"] = "text"
+    """Log line format: human-readable text or one JSON object per line."""
+
+
+class SupervisorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Restart policy for actor processes."""
+
+    restart_backoff_initial_s: PosFloat = 0.5
+    """First delay before restarting a crashed actor, in seconds."""
+    restart_backoff_max_s: PosFloat = 30.0
+    """Cap on the exponential restart delay, in seconds."""
+    max_restarts: NonNegInt = 5
+    """Restarts allowed within restart_window_s before the run fails."""
+    restart_window_s: PosFloat = 300.0
+    """Sliding window over which restarts are counted, in seconds."""
+    start_timeout_s: PosFloat = 30.0
+    """Seconds an actor process has to report ready."""
+    stop_timeout_s: PosFloat = 10.0
+    """Seconds an actor process has to exit before it is killed."""
+
+
+class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """GPU layout of the cluster."""
+
+    num_gpus: PosInt = 8
+    """Total GPUs available to the run."""
+    actor_gpus: PosInt = 4
+    """GPUs used by the training actor (learner)."""
+    rollout_gpus: PosInt = 4
+    """GPUs used by rollout inference engines."""
+    prm_gpus: NonNegInt = 0
+    """GPUs used by the process reward model (0 = no PRM)."""
+
+
+class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Model checkpoints."""
+
+    hf_ckpt: str = ""
+    """Path of the Hugging Face checkpoint of the policy."""
+    prm_model_path: str = ""
+    """Path of the process reward model; empty means none."""
+
+
+class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Rollout batch shape."""
+
+    batch_size: PosInt = 8
+    """Prompts (tasks) per rollout batch."""
+    n_samples_per_prompt: PosInt = 8
+    """Episodes sampled per prompt (the group size for advantages)."""
+
+
+class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """GUI environment pool and desktop settings."""
+
+    max_envs: PosInt = 64
+    """Most environments (VMs or desktops) alive at once."""
+    prewarm_envs: NonNegInt = 64
+    """Environments created ahead of demand at startup."""
+    provider: Literal["local", "aws", "volcengine", "aliyun"] = "local"
+    """VM provider that hosts the desktops."""
+    region: str = "cn-beijing"
+    """Cloud region in which VMs are created."""
+    action_space: Literal["pyautogui", "computer_use"] = "pyautogui"
+    """Action space the agent emits."""
+    observation_type: Literal["screenshot", "a11y_tree", "screenshot_a11y_tree"] = "screenshot"
+    """What the agent observes each step."""
+    screen_width: PosInt = 1920
+    """Desktop width, in pixels."""
+    screen_height: PosInt = 1080
+    """Desktop height, in pixels."""
+
+
+class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Weights & Biases logging."""
+
+    key: str = ""
+    """W&B API key; empty disables W&B."""
+    project: str = "guirl"
+    """W&B project name."""
+
+
+class VolcengineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Volcengine ECS credentials and placement."""
+
+    access_key: str = ""
+    """Volcengine access key id."""
+    secret_key: str = ""
+    """Volcengine secret access key."""
+    image_id: str = ""
+    """ECS image from which desktop VMs are created."""
+    subnet_id: str = ""
+    """Subnet in which desktop VMs are created."""
+
+
+class CloudConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-cloud provider settings."""
+
+    volcengine: VolcengineConfig = msgspec.field(default_factory=VolcengineConfig)
+    """Volcengine settings."""
+
+
+class DemoConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The transport demo."""
+
+    workers: PosInt = 2
+    """Env workers in the transport demo."""
+    steps: PosInt = 12
+    """Steps per demo episode."""
+    episodes: PosInt = 3
+    """Episodes per worker."""
+    kill_one: bool = True
+    """SIGKILL one actor midway to show supervision."""
+
+
+class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The whole configuration of a guirl run; each actor receives only its own section."""
+
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
+    """Run identity and directory."""
+    runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
+    """Actor runtime settings."""
+    codec: CodecConfig = msgspec.field(default_factory=CodecConfig)
+    """Wire codec limits."""
+    recorder: RecorderConfig = msgspec.field(default_factory=RecorderConfig)
+    """Message recorder."""
+    logging: LoggingConfig = msgspec.field(default_factory=LoggingConfig)
+    """Logging output."""
+    supervisor: SupervisorConfig = msgspec.field(default_factory=SupervisorConfig)
+    """Actor supervision and restarts."""
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
+    """GPU layout."""
+    model: ModelConfig = msgspec.field(default_factory=ModelConfig)
+    """Model checkpoints."""
+    rollout: RolloutConfig = msgspec.field(default_factory=RolloutConfig)
+    """Rollout batch shape."""
+    env: EnvConfig = msgspec.field(default_factory=EnvConfig)
+    """GUI environments."""
+    wandb: WandbConfig = msgspec.field(default_factory=WandbConfig)
+    """Weights & Biases."""
+    cloud: CloudConfig = msgspec.field(default_factory=CloudConfig)
+    """Cloud providers."""
+    demo: DemoConfig = msgspec.field(default_factory=DemoConfig)
+    """Transport demo."""
+
+
+# The seed scripts' environment variables, by name -> dotted config path.
+ENV_VARS: dict[str, str] = {
+    "GUI_RESULT_DIR": "run.root_dir",
+    "NUM_GPUS": "cluster.num_gpus",
+    "ACTOR_GPUS": "cluster.actor_gpus",
+    "ROLLOUT_GPUS": "cluster.rollout_gpus",
+    "PRM_GPUS": "cluster.prm_gpus",
+    "HF_CKPT": "model.hf_ckpt",
+    "PRM_MODEL_PATH": "model.prm_model_path",
+    "ROLLOUT_BATCH_SIZE": "rollout.batch_size",
+    "N_SAMPLES_PER_PROMPT": "rollout.n_samples_per_prompt",
+    "GUI_POOL_MAX_ENVS": "env.max_envs",
+    "GUI_PREWARM_ENVS": "env.prewarm_envs",
+    "GUI_PROVIDER_NAME": "env.provider",
+    "GUI_REGION": "env.region",
+    "GUI_ACTION_SPACE": "env.action_space",
+    "GUI_OBSERVATION_TYPE": "env.observation_type",
+    "GUI_SCREEN_WIDTH": "env.screen_width",
+    "GUI_SCREEN_HEIGHT": "env.screen_height",
+    "WANDB_KEY": "wandb.key",
+    "WANDB_PROJECT": "wandb.project",
+    "VOLC_ACCESSKEY": "cloud.volcengine.access_key",
+    "VOLC_SECRETKEY": "cloud.volcengine.secret_key",
+    "VOLCENGINE_IMAGE_ID": "cloud.volcengine.image_id",
+    "VOLCENGINE_SUBNET_ID": "cloud.volcengine.subnet_id",
+}
+
+# Dotted paths never written out in clear (saved configs, logs).
+SECRET_KEYS: frozenset[str] = frozenset(
+    {"wandb.key", "cloud.volcengine.access_key", "cloud.volcengine.secret_key"}
+)
+
+REDACTED = "***"

@@ -1,0 +1,184 @@
+"""Encoding and decoding of `[header, body, *blobs]` with explicit limits.
+
+Every limit violation raises a `CodecError` whose `code` is the `ErrorReply` code a server answers
+with; nothing a peer sends can make decoding crash, allocate without bound, or recurse without bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from guirl.messages.blob import BLOB_EXT, Blob
+from guirl.messages.header import PROTOCOL_VERSION, Header
+
+
+class CodecLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Bounds on what a peer may send (defaults match `guirl.config.CodecConfig`)."""
+
+    max_frames: int = 64
+    max_frame_bytes: int = 64 * 2**20
+    max_body_bytes: int = 8 * 2**20
+    max_depth: int = 32
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> CodecLimits:
+        return cls(
+            max_frames=cfg.max_frames, max_frame_bytes=cfg.max_frame_bytes,
+            max_body_bytes=cfg.max_body_bytes, max_depth=cfg.max_depth,
+        )
+
+
+class CodecError(ValueError):
+    """A frame sequence that is not a valid message. `code` is an `ErrorReply` code."""
+
+    def __init__(self, code: str, message: str, header: Header | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.header = header  # set when the header decoded, so the error can be correlated
+
+
+def _size(frame: Any) -> int:
+    return memoryview(frame).nbytes if not hasattr(frame, "buffer") else frame.buffer.nbytes
+
+
+def _buf(frame: Any) -> Any:
+    return frame.buffer if hasattr(frame, "buffer") else frame
+
+
+def check_depth(obj: Any, max_depth: int) -> None:
+    """Raise `CodecError("too_deep")` if containers nest deeper than `max_depth`. Iterative."""
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple)):
+            children = item
+        elif isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, msgspec.Struct):
+            children = [getattr(item, f) for f in item.__struct_fields__]
+        else:
+            continue
+        if depth > max_depth:
+            raise CodecError("too_deep", f"message nests deeper than {max_depth} levels")
+        for child in children:
+            if isinstance(child, (list, tuple, dict, msgspec.Struct)):
+                stack.append((child, depth + 1))
+
+
+class Codec:
+    """Encoder/decoder for one process (or one thread): not safe to share across threads."""
+
+    def __init__(self, limits: CodecLimits | None = None) -> None:
+        self.limits = limits or CodecLimits()
+        self._out: list[Any] = []
+        self._in: Sequence[Any] = ()
+        self._used = 0
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+        self._header_decoder = msgspec.msgpack.Decoder(Header)
+        self._decoders: dict[Any, msgspec.msgpack.Decoder] = {}
+
+    # -- encoding --------------------------------------------------------------------------------
+
+    def _enc_hook(self, obj: Any) -> Any:
+        if isinstance(obj, Blob):
+            self._out.append(obj.data)
+            return msgspec.msgpack.Ext(BLOB_EXT, (len(self._out) - 1).to_bytes(4, "big"))
+        raise TypeError(f"cannot encode {type(obj).__name__} in a message")
+
+    def encode(self, header: Header, body: msgspec.Struct) -> list[Any]:
+        """`[header, body, *blobs]` frames for one message; blobs are not copied."""
+        self._out = []
+        try:
+            body_bytes = self._encoder.encode(body)
+            blobs = self._out
+        finally:
+            self._out = []
+        lim = self.limits
+        if len(blobs) + 2 > lim.max_frames:
+            raise CodecError("frames", f"message has {len(blobs) + 2} frames, limit {lim.max_frames}")
+        if len(body_bytes) > lim.max_body_bytes:
+            raise CodecError("too_large", f"body of {len(body_bytes)} bytes, limit {lim.max_body_bytes}")
+        for b in blobs:
+            if _size(b) > lim.max_frame_bytes:
+                raise CodecError("too_large", f"blob of {_size(b)} bytes, limit {lim.max_frame_bytes}")
+        return [self._encoder.encode(header), body_bytes, *blobs]
+
+    def encode_header(self, header: Header) -> bytes:
+        return self._encoder.encode(header)
+
+    # -- decoding --------------------------------------------------------------------------------
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        if code != BLOB_EXT or len(data) != 4:
+            raise CodecError("decode", f"unknown extension type {code}")
+        index = int.from_bytes(data, "big")
+        if index >= len(self._in):
+            raise CodecError("frames", f"body refers to blob {index}, message has {len(self._in)}")
+        self._used += 1
+        return Blob(self._in[index])
+
+    @staticmethod
+    def _dec_hook(typ: type, obj: Any) -> Any:
+        if isinstance(obj, typ):
+            return obj
+        raise NotImplementedError
+
+    def decoder(self, channel: Any) -> msgspec.msgpack.Decoder:
+        dec = self._decoders.get(channel)
+        if dec is None:
+            dec = msgspec.msgpack.Decoder(channel, ext_hook=self._ext_hook, dec_hook=self._dec_hook)
+            self._decoders[channel] = dec
+        return dec
+
+    def decode_header(self, frame: Any) -> Header:
+        lim = self.limits
+        if _size(frame) > 4096:
+            raise CodecError("too_large", "header frame over 4096 bytes")
+        try:
+            header = self._header_decoder.decode(_buf(frame))
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise CodecError("decode", f"bad header: {exc}") from None
+        del lim
+        if header.v != PROTOCOL_VERSION:
+            raise CodecError("version", f"protocol version {header.v}, expected {PROTOCOL_VERSION}", header)
+        return header
+
+    def decode(self, frames: Sequence[Any], channel: Any) -> tuple[Header, Any]:
+        """Decode `[header, body, *blobs]` with the channel's union type."""
+        lim = self.limits
+        if len(frames) < 2:
+            raise CodecError("frames", f"message has {len(frames)} frames, needs header and body")
+        if len(frames) > lim.max_frames:
+            raise CodecError("frames", f"message has {len(frames)} frames, limit {lim.max_frames}")
+        header = self.decode_header(frames[0])
+        body = frames[1]
+        if _size(body) > lim.max_body_bytes:
+            raise CodecError("too_large", f"body of {_size(body)} bytes, limit {lim.max_body_bytes}", header)
+        blobs = frames[2:]
+        for b in blobs:
+            if _size(b) > lim.max_frame_bytes:
+                raise CodecError("too_large", f"frame of {_size(b)} bytes, limit {lim.max_frame_bytes}", header)
+        self._in, self._used = blobs, 0
+        try:
+            msg = self.decoder(channel).decode(_buf(body))
+        except CodecError as exc:
+            exc.header = header
+            raise
+        except msgspec.ValidationError as exc:
+            text = str(exc)
+            code = "unknown_type" if "`$.type`" in text or "missing required field `type`" in text else "schema"
+            raise CodecError(code, text, header) from None
+        except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
+            reason = "too_deep" if isinstance(exc, RecursionError) else "decode"
+            raise CodecError(reason, f"bad body: {exc}", header) from None
+        finally:
+            self._in = ()
+        if self._used != len(blobs):
+            raise CodecError(
+                "frames", f"message has {len(blobs)} blob frames, body refers to {self._used}", header
+            )
+        check_depth(msg, lim.max_depth)
+        return header, msg

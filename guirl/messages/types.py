@@ -1,0 +1,325 @@
+"""Every wire message guirl sends: frozen, tagged `msgspec.Struct`s.
+
+Rules (msgspec schema evolution): new fields go last with defaults; never retype or rename a field;
+a tag, once used, keeps its meaning. The tag (the body's `type` key) is the class name in snake case.
+Screenshots and tensors are `Blob`s (trailing frames), never bytes inside the body.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+import msgspec
+
+from guirl.messages.blob import Blob
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=_snake):
+    """Base of every wire message."""
+
+
+# --- payload parts (not messages themselves) ------------------------------------------------------
+
+
+class Image(msgspec.Struct, frozen=True, kw_only=True):
+    """An encoded image (a screenshot) carried as a blob."""
+
+    data: Blob
+    mime: str = "image/png"
+    width: int = 0
+    height: int = 0
+
+
+DType = Literal["uint8", "int32", "int64", "float16", "bfloat16", "float32"]
+_ITEMSIZE = {"uint8": 1, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2, "float32": 4}
+_FORMAT = {"uint8": "B", "int32": "i", "int64": "q", "float16": "e", "float32": "f"}
+
+
+class Tensor(msgspec.Struct, frozen=True, kw_only=True):
+    """A dense array (token ids, log-probs, weights) carried as a blob in native little-endian order."""
+
+    dtype: DType
+    shape: list[int]
+    data: Blob
+
+    def __post_init__(self) -> None:
+        n = 1
+        for d in self.shape:
+            if d < 0:
+                raise ValueError(f"negative dimension in shape {self.shape}")
+            n *= d
+        if n * _ITEMSIZE[self.dtype] != len(self.data):
+            raise ValueError(
+                f"tensor of shape {self.shape} and dtype {self.dtype} needs {n * _ITEMSIZE[self.dtype]} "
+                f"bytes, blob has {len(self.data)}"
+            )
+
+    @classmethod
+    def from_list(cls, values: list[int] | list[float], dtype: DType = "int32") -> Tensor:
+        """A 1-D tensor from Python numbers (no numpy needed)."""
+        import array
+
+        arr = array.array(_FORMAT[dtype], values)
+        return cls(dtype=dtype, shape=[len(values)], data=Blob(arr.tobytes()))
+
+    def tolist(self) -> list:
+        """Flat list of the values (any shape)."""
+        if self.dtype not in _FORMAT:
+            raise TypeError(f"{self.dtype} has no Python view; convert with torch")
+        return memoryview(self.data.data).cast("B").cast(_FORMAT[self.dtype]).tolist()
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Decoding settings of one policy request."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 512
+    seed: int | None = None
+    stop: list[str] = []
+
+
+class TextPart(msgspec.Struct, frozen=True, tag="text"):
+    """Text inside a chat message."""
+
+    text: str
+
+
+class ImagePart(msgspec.Struct, frozen=True, tag="image"):
+    """An image inside a chat message: an index into the request's `images`."""
+
+    index: int
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn of a chat prompt."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    parts: list[TextPart | ImagePart]
+
+
+# --- control: part of every channel ----------------------------------------------------------------
+
+
+class Heartbeat(Message):
+    """Liveness signal, sent by both ends of every connection each heartbeat interval."""
+
+    inflight: int = 0
+    incarnation: str = ""
+    """Random id of the sending process: a change tells a client its peer restarted."""
+
+
+class Shutdown(Message):
+    """Ask an actor to stop: it stops accepting, drains in-flight work, then closes."""
+
+    reason: str = ""
+
+
+ErrorCode = Literal[
+    "frames", "too_large", "too_deep", "decode", "schema", "unknown_type", "version",
+    "overloaded", "unsupported", "handler", "timeout", "peer_dead", "shutting_down",
+]
+
+
+class ErrorReply(Message):
+    """A request could not be served; `header.reply_to` names it when it could be decoded."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool = False
+
+
+class StatsRequest(Message):
+    """Ask an actor for its counters."""
+
+
+class StatsReply(Message):
+    """An actor's counters (messages, drops by reason, peers, restarts)."""
+
+    actor: str
+    counters: dict[str, int]
+    peers: list[str] = []
+
+
+# --- diagnostics ---------------------------------------------------------------------------------
+
+
+class Echo(Message):
+    """Diagnostic request: the echo actor answers after `delay_s` with the text and (optionally) blobs."""
+
+    text: str = ""
+    blobs: list[Blob] = []
+    delay_s: float = 0.0
+    return_blobs: bool = True
+
+
+class EchoReply(Message):
+    """Answer to `Echo`: the text, the blobs when asked, and the size of each received blob."""
+
+    text: str = ""
+    blobs: list[Blob] = []
+    sizes: list[int] = []
+
+
+# --- coordinator channel ---------------------------------------------------------------------------
+
+
+class Register(Message):
+    """A worker joins the cluster (env workers scale independently)."""
+
+    role: str
+    name: str
+    capacity: int = 1
+    host: str = ""
+    pid: int = 0
+
+
+class Ack(Message):
+    """Generic acknowledgement of a one-shot request."""
+
+    ok: bool = True
+    note: str = ""
+
+
+class WorkRequest(Message):
+    """A worker with free VMs asks for episodes (pull-based, so backpressure is natural)."""
+
+    worker: str
+    free_slots: int = 1
+
+
+class EpisodeAssignment(Message):
+    """One attempt of one task, as part of a GRPO group."""
+
+    episode_id: str
+    task_id: str
+    task: dict[str, Any]
+    group_id: str
+    sample_index: int = 0
+    attempt: int = 0
+    max_steps: int = 15
+    min_policy_version: int = 0
+    seed: int = 0
+    mode: Literal["train", "eval"] = "train"
+    domain: str = ""
+
+
+class NoWork(Message):
+    """Nothing to hand out now (staleness gate or schedule); ask again later."""
+
+    retry_after_s: float = 1.0
+    reason: str = ""
+
+
+EpisodeStatus = Literal["completed", "retried", "aborted"]
+
+
+class EpisodeEnded(Message):
+    """The one end state of an episode id: completed (scored), retried elsewhere, or aborted."""
+
+    episode_id: str
+    status: EpisodeStatus
+    reason: str = ""
+    reward: float | None = None
+    steps: int = 0
+    env_error: str = ""
+
+
+# --- policy channel (EnvWorker / PRM -> InferenceBroker) -------------------------------------------
+
+
+class PolicyRequest(Message):
+    """Ask a model for one response. Token-in (`prompt_ids`) when given, else the chat `messages`."""
+
+    episode_id: str
+    step: int
+    model: str = "policy"
+    messages: list[ChatMessage] = []
+    prompt_ids: Tensor | None = None
+    images: list[Image] = []
+    sampling: SamplingParams = SamplingParams()
+    return_logprobs: bool = True
+
+
+class PolicyResponse(Message):
+    """The engine's answer with exact token ids and behaviour log-probs for training."""
+
+    text: str
+    prompt_ids: Tensor | None = None
+    response_ids: Tensor | None = None
+    logprobs: Tensor | None = None
+    finish_reason: Literal["stop", "length", "abort"] = "stop"
+    policy_version: int = -1
+    engine: str = ""
+    latency_s: float = 0.0
+
+
+# --- transitions, scores and trajectories -------------------------------------------------------------
+
+
+class Transition(Message):
+    """One step as the PRM judges it: what was asked, what was done, and the screens around it."""
+
+    episode_id: str
+    step: int
+    instruction: str
+    previous_actions: list[str]
+    response: str
+    before: Image
+    after: Image
+    history: list[Image] = []
+
+
+class StepScore(Message):
+    """The PRM's verdict on one step: mean of valid votes, or None when no vote was valid."""
+
+    episode_id: str
+    step: int
+    score: float | None
+    votes: int = 0
+    invalid: int = 0
+    latency_s: float = 0.0
+
+
+class StepSample(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of an episode as a training sample: exact engine tokens, images, behaviour log-probs."""
+
+    step: int
+    prompt_ids: Tensor
+    response_ids: Tensor
+    logprobs: Tensor
+    images: list[Image] = []
+    policy_version: int = -1
+    response_text: str = ""
+    action: str = ""
+    prm_score: float | None = None
+
+
+class Trajectory(Message):
+    """A finished episode on its way to the learner."""
+
+    episode_id: str
+    task_id: str
+    group_id: str
+    sample_index: int
+    status: EpisodeStatus
+    reward: float
+    steps: list[StepSample]
+    env_error: str = ""
+    domain: str = ""
+
+
+class WeightsPublished(Message):
+    """The learner has new weights at `version` (broadcast over the weight group, or at `path`)."""
+
+    version: int
+    learner_step: int = 0
+    path: str = ""
+    n_tensors: int = 0
+    nbytes: int = 0
