@@ -349,6 +349,10 @@ class Actor:
                 self._active -= 1
             if reply is not None:
                 self._send_to(req.peer, reply, reply_to=req.header.msg_id)
+            # Drop our references now: an idle worker must not pin its last message's frames (a
+            # screenshot each, up to max_concurrency of them), or every new message lands in fresh,
+            # page-faulting memory.
+            req = reply = None
             self.counters["handled"] += 1
             if not self._active and inbox.empty():
                 self._idle.set()

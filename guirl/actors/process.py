@@ -7,7 +7,6 @@ pipe, so the parent never sleeps to wait for it.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import importlib
 import logging

@@ -1,4 +1,4 @@
-"""Loading, explaining and saving the config tree: defaults < TOML file < environment < ``--set`` overrides.
+"""Loading, explaining and saving the config tree (defaults < TOML < environment < `--set`).
 
 Every field carries a one-line attribute docstring (the string literal on the line after it);
 ``describe`` reads them back with ``ast`` so the documentation cannot drift from the code.
@@ -21,7 +21,6 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 
 import msgspec
 
-from guirl.config.schema import *
 from guirl.config.schema import ENV_VARS, REDACTED, SECRET_KEYS, GuirlConfig
 
 

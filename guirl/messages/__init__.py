@@ -6,7 +6,14 @@ Envelope on a socket: `[routing ids…, b"", header, body, *blobs]`. The header 
 
 from guirl.messages.blob import BLOB_EXT, Blob
 from guirl.messages.channels import (
-    ANY, CHANNELS, Control, CoordinatorChannel, DiagChannel, LearnerChannel, PolicyChannel, PRMChannel,
+    ANY,
+    CHANNELS,
+    Control,
+    CoordinatorChannel,
+    DiagChannel,
+    LearnerChannel,
+    PolicyChannel,
+    PRMChannel,
 )
 from guirl.messages.codec import Codec, CodecError, CodecLimits, check_depth
 from guirl.messages.header import PROTOCOL_VERSION, Header, IdGen, make_header

@@ -7,9 +7,25 @@ A mailbox decodes its inbound bodies with its channel's union, so a message of a
 from __future__ import annotations
 
 from guirl.messages.types import (
-    Ack, Echo, EchoReply, EpisodeAssignment, EpisodeEnded, ErrorReply, Heartbeat, NoWork, PolicyRequest,
-    PolicyResponse, Register, Shutdown, StatsReply, StatsRequest, StepScore, Trajectory, Transition,
-    WeightsPublished, WorkRequest,
+    Ack,
+    Echo,
+    EchoReply,
+    EpisodeAssignment,
+    EpisodeEnded,
+    ErrorReply,
+    Heartbeat,
+    NoWork,
+    PolicyRequest,
+    PolicyResponse,
+    Register,
+    Shutdown,
+    StatsReply,
+    StatsRequest,
+    StepScore,
+    Trajectory,
+    Transition,
+    WeightsPublished,
+    WorkRequest,
 )
 
 Control = Heartbeat | Shutdown | ErrorReply | StatsRequest | StatsReply

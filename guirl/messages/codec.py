@@ -14,6 +14,9 @@ import msgspec
 from guirl.messages.blob import BLOB_EXT, Blob
 from guirl.messages.header import PROTOCOL_VERSION, Header
 
+MAX_HEADER_BYTES = 4096
+"""A header is a handful of short fields; anything bigger is hostile."""
+
 
 class CodecLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Bounds on what a peer may send (defaults match `guirl.config.CodecConfig`)."""
@@ -134,14 +137,12 @@ class Codec:
         return dec
 
     def decode_header(self, frame: Any) -> Header:
-        lim = self.limits
-        if _size(frame) > 4096:
-            raise CodecError("too_large", "header frame over 4096 bytes")
+        if _size(frame) > MAX_HEADER_BYTES:
+            raise CodecError("too_large", f"header frame over {MAX_HEADER_BYTES} bytes")
         try:
             header = self._header_decoder.decode(_buf(frame))
         except (msgspec.DecodeError, RecursionError) as exc:
             raise CodecError("decode", f"bad header: {exc}") from None
-        del lim
         if header.v != PROTOCOL_VERSION:
             raise CodecError("version", f"protocol version {header.v}, expected {PROTOCOL_VERSION}", header)
         return header
