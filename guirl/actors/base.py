@@ -286,6 +286,11 @@ class Actor:
             self._reject(peer, exc.header, exc)
             return
         match msg:
+            case Heartbeat(leaving=True):
+                if self.peers.pop(peer[-1], None) is not None:
+                    self.counters["peers.left"] += 1
+                    log.info("mailbox peer %r left", peer[-1].decode("utf-8", "replace"))
+                return
             case Heartbeat():
                 return
             case StatsRequest():

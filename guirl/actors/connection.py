@@ -73,6 +73,9 @@ class Connection:
 
     def close(self) -> None:
         self._alive.clear()
+        if self._sock is not None and self.state == "alive":
+            _, frames = self._frames(Heartbeat(leaving=True))
+            self._sock.try_send(frames)  # best effort: linger 0 may still discard it
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -30,7 +30,7 @@ _spawn = mp.get_context("spawn")
 class SupervisorEvent:
     """Something that happened to a supervised actor."""
 
-    kind: str  # started | exited | restarted | gave_up | stopped | start_failed
+    kind: str  # started | exited | restarted | gave_up | stopped | start_failed | completed
     name: str
     pid: int = 0
     exitcode: int | None = None
@@ -89,8 +89,8 @@ class Supervisor:
         self.sc = cfg.supervisor
         self.run_dir = run_dir
         self.actors: dict[str, ActorHandle] = {}
-        self.events: asyncio.Queue[SupervisorEvent] = asyncio.Queue()
         self.history: list[SupervisorEvent] = []
+        self._waiters: list[asyncio.Future] = []
         self._cfg_bytes = msgspec.msgpack.encode(cfg)
 
     async def __aenter__(self) -> Supervisor:
@@ -101,7 +101,10 @@ class Supervisor:
 
     def _emit(self, event: SupervisorEvent) -> None:
         self.history.append(event)
-        self.events.put_nowait(event)
+        waiters, self._waiters = self._waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
         level = logging.WARNING if event.kind in ("exited", "gave_up", "start_failed") else logging.INFO
         log.log(level, "actor %s %s (pid %s, exit %s, restarts %d) %s", event.name, event.kind, event.pid,
                 event.exitcode, event.restarts, event.detail)
@@ -159,6 +162,9 @@ class Supervisor:
             if handle.stopping:
                 self._emit(SupervisorEvent("stopped", name, handle.pid, code, handle.restarts))
                 return
+            if code == 0:  # the actor finished its work (its main returned): nothing to restart
+                self._emit(SupervisorEvent("completed", name, handle.pid, code, handle.restarts))
+                return
             now = time.monotonic()
             handle.recent_exits.append(now)
             while handle.recent_exits and now - handle.recent_exits[0] > self.sc.restart_window_s:
@@ -184,13 +190,22 @@ class Supervisor:
             handle.restarts += 1
             self._emit(SupervisorEvent("restarted", name, handle.pid, None, handle.restarts))
 
-    async def wait_event(self, kind: str, name: str | None = None, timeout: float = 30.0) -> SupervisorEvent:
-        """The next event of `kind` (for `name`), or TimeoutError."""
-        deadline = time.monotonic() + timeout
+    async def wait_event(
+        self, kind: str, name: str | None = None, *, after: int = 0, timeout: float = 30.0
+    ) -> SupervisorEvent:
+        """The first event of `kind` (for `name`) at index >= `after` in `history`, waiting for it if
+        needed (TimeoutError after `timeout`). Take `after = len(sup.history)` before causing an event."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        index = after
         while True:
-            ev = await asyncio.wait_for(self.events.get(), max(0.0, deadline - time.monotonic()))
-            if ev.kind == kind and (name is None or ev.name == name):
-                return ev
+            for ev in self.history[index:]:
+                if ev.kind == kind and (name is None or ev.name == name):
+                    return ev
+            index = len(self.history)
+            fut = loop.create_future()
+            self._waiters.append(fut)
+            await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
 
     async def stop(self, name: str, timeout: float | None = None) -> int | None:
         """Graceful stop: SIGTERM (the actor drains and closes), SIGKILL after `timeout`."""

@@ -188,14 +188,16 @@ class CloudConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class DemoConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The transport demo."""
 
-    workers: PosInt = 2
+    workers: PosInt = 3
     """Env workers in the transport demo."""
-    steps: PosInt = 12
+    steps: PosInt = 10
     """Steps per demo episode."""
-    episodes: PosInt = 3
+    episodes: PosInt = 4
     """Episodes per worker."""
+    step_latency_s: Annotated[float, Meta(ge=0)] = 0.05
+    """Simulated inference time per step at the stand-in broker, in seconds."""
     kill_one: bool = True
-    """SIGKILL one actor midway to show supervision."""
+    """SIGKILL the broker midway to show failure detection, supervision and reconnection."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

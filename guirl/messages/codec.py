@@ -78,7 +78,7 @@ class Codec:
         self.limits = limits or CodecLimits()
         self._out: list[Any] = []
         self._in: Sequence[Any] = ()
-        self._used = 0
+        self._used: set[int] = set()  # blob frames the body refers to (a set: refs may repeat)
         self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
         self._header_decoder = msgspec.msgpack.Decoder(Header)
         self._decoders: dict[Any, msgspec.msgpack.Decoder] = {}
@@ -120,14 +120,15 @@ class Codec:
         index = int.from_bytes(data, "big")
         if index >= len(self._in):
             raise CodecError("frames", f"body refers to blob {index}, message has {len(self._in)}")
-        self._used += 1
+        self._used.add(index)
         return Blob(self._in[index])
 
     @staticmethod
     def _dec_hook(typ: type, obj: Any) -> Any:
         if isinstance(obj, typ):
             return obj
-        raise NotImplementedError
+        # TypeError becomes a msgspec.ValidationError ("schema"); NotImplementedError would escape decode.
+        raise TypeError(f"expected {typ.__name__} (a blob reference), got {type(obj).__name__}")
 
     def decoder(self, channel: Any) -> msgspec.msgpack.Decoder:
         dec = self._decoders.get(channel)
@@ -162,7 +163,7 @@ class Codec:
         for b in blobs:
             if _size(b) > lim.max_frame_bytes:
                 raise CodecError("too_large", f"frame of {_size(b)} bytes, limit {lim.max_frame_bytes}", header)
-        self._in, self._used = blobs, 0
+        self._in, self._used = blobs, set()
         try:
             msg = self.decoder(channel).decode(_buf(body))
         except CodecError as exc:
@@ -170,16 +171,18 @@ class Codec:
             raise
         except msgspec.ValidationError as exc:
             text = str(exc)
-            code = "unknown_type" if "`$.type`" in text or "missing required field `type`" in text else "schema"
+            # Only the top-level tag is the message type; a bad tag of a nested union is a schema error.
+            unknown = "`$.type`" in text or text == "Object missing required field `type`"
+            code = "unknown_type" if unknown else "schema"
             raise CodecError(code, text, header) from None
         except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as exc:
             reason = "too_deep" if isinstance(exc, RecursionError) else "decode"
             raise CodecError(reason, f"bad body: {exc}", header) from None
         finally:
             self._in = ()
-        if self._used != len(blobs):
+        if len(self._used) != len(blobs):
             raise CodecError(
-                "frames", f"message has {len(blobs)} blob frames, body refers to {self._used}", header
+                "frames", f"message has {len(blobs)} blob frames, body refers to {len(self._used)}", header
             )
         check_depth(msg, lim.max_depth)
         return header, msg

@@ -113,6 +113,8 @@ class Heartbeat(Message):
     inflight: int = 0
     incarnation: str = ""
     """Random id of the sending process: a change tells a client its peer restarted."""
+    leaving: bool = False
+    """Sent (best effort) by a client closing its connection: a goodbye, not a death."""
 
 
 class Shutdown(Message):

@@ -1,0 +1,135 @@
+"""The `guirl` command.
+
+    guirl demo                  the transport demo (what `make demo` runs)
+    guirl replay ...            read, filter, export and re-send message logs (also `bin/replay`)
+    guirl config show           the resolved configuration as TOML (`--describe`: every setting documented)
+    guirl actor run TARGET      run one actor in the foreground (module:Class), e.g. as a replay target
+    guirl version
+
+Configuration: `--config FILE.toml`, then the seed's environment variables, then `--set key=value`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from guirl import __version__
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="TOML config file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one setting, e.g. --set runtime.heartbeat_interval_s=0.5 (repeatable)")
+
+
+def _load(args: argparse.Namespace):
+    from guirl.config import load_config
+
+    return load_config(args.config, overrides=args.set)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from guirl.demo import run_demo
+    from guirl.log import setup_logging
+
+    cfg = _load(args)
+    setup_logging("demo", level=cfg.logging.level, fmt=cfg.logging.format)
+    summary = uvloop.run(run_demo(cfg))
+    eps = summary["episodes"]
+    print(f"[demo] {sum(eps.values())} episodes ({eps}), {summary['steps']} steps in {summary['seconds']} s")
+    print(f"[demo] recorded {sum(summary['recorded_messages'].values())} messages; "
+          f"{summary['distinct_screenshots_stored']} distinct screenshots stored")
+    print(f"[demo] supervisor: {', '.join(summary['supervisor_events'])}")
+    print(f"[demo] run directory: {summary['run_dir']}")
+    print(f"[demo] try: bin/replay list {summary['run_dir']}/msglogs --type echo --actor broker")
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from guirl.config import describe, to_toml
+
+    if args.describe:
+        for f in describe():
+            env = f" [env {f.env}]" if f.env else ""
+            print(f"{f.path} ({f.type}, default {json.dumps(f.default)}){env}: {f.doc}")
+        return 0
+    print(to_toml(_load(args)), end="")
+    return 0
+
+
+def cmd_actor(args: argparse.Namespace) -> int:
+    from guirl.actors.process import ActorSpec, build_actor, run_actor
+    from guirl.log import setup_logging
+
+    cfg = _load(args)
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"guirl actor run: --option needs KEY=VALUE, got {item!r}")
+        options[key] = value
+    spec = ActorSpec(name=args.name, target=args.target, bind=args.bind, options=options, record=args.record,
+                     run_dir=args.run_dir)
+    setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)
+    actor = build_actor(spec, cfg)
+
+    def ready(endpoints: list[str]) -> None:
+        print(json.dumps({"ready": spec.name, "endpoints": endpoints}), flush=True)
+
+    run_actor(actor, ready)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from guirl.msglog.cli import add_arguments as replay_arguments
+
+    parser = argparse.ArgumentParser(prog="guirl", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    p = sub.add_parser("demo", help="run the transport demo")
+    _config_args(p)
+    p.set_defaults(func=cmd_demo)
+    p = sub.add_parser("replay", help="read, filter, export and re-send message logs")
+    replay_arguments(p)
+    p.set_defaults(func=lambda a: __import__("guirl.msglog.cli", fromlist=["run"]).run(a))
+    p = sub.add_parser("config", help="show the resolved configuration")
+    csub = p.add_subparsers(dest="config_cmd", required=True)
+    show = csub.add_parser("show", help="the resolved configuration as TOML")
+    _config_args(show)
+    show.add_argument("--describe", action="store_true", help="list every setting with its documentation")
+    show.set_defaults(func=cmd_config)
+    p = sub.add_parser("actor", help="run one actor")
+    asub = p.add_subparsers(dest="actor_cmd", required=True)
+    run = asub.add_parser("run", help="run one actor in the foreground until SIGTERM/SIGINT or Shutdown")
+    run.add_argument("target", help="module:Class, e.g. guirl.actors.echo:EchoActor")
+    run.add_argument("--name", required=True)
+    run.add_argument("--bind", action="append", default=[], help="mailbox endpoint (repeatable)")
+    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a string keyword argument for the actor class (repeatable)")
+    run.add_argument("--record", action="store_true", help="record the actor's messages")
+    run.add_argument("--run-dir", default="", help="where message logs go (default: current directory)")
+    _config_args(run)
+    run.set_defaults(func=cmd_actor)
+    p = sub.add_parser("version", help="print the version")
+    p.set_defaults(func=lambda a: print(__version__) or 0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from guirl.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"guirl: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
