@@ -9,6 +9,7 @@ stop accepting → drain in-flight work → close sockets (linger 0) → termina
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -250,6 +251,11 @@ class Actor:
             conn.close()
         if self._mailbox is not None:
             self._mailbox.close()
+            for ep in self.endpoints:  # libzmq leaves ipc socket files behind; they are ours to remove
+                path = ep[len("ipc://"):] if ep.startswith("ipc://") else ""
+                if path and not path.startswith("@") and os.path.exists(path):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
         ctx, self.ctx = self.ctx, None
         if ctx is not None:
             # term() blocks while any socket is open; every socket above is closed with linger 0, but
@@ -273,7 +279,7 @@ class Actor:
         self.counters["frames_in"] += 1
         split = 1 if len(frames) > 1 and len(frames[1]) == 0 else _delimiter(frames)
         if split < 0:
-            self._reject(frames[:1], None, CodecError("frames", "no empty delimiter frame"))
+            self._reject([frames[0].bytes], None, CodecError("frames", "no empty delimiter frame"))
             return
         peer = [f.bytes for f in frames[:split]]
         if not peer:

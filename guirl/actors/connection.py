@@ -47,6 +47,7 @@ class Connection:
         self.state = "connecting"  # connecting -> alive <-> dead
         self.last_heard = 0.0
         self.declared_dead_at: float | None = None
+        self.silence_at_death = 0.0  # how long the peer had been silent when declared dead
         self.reconnects = 0
         self.incarnation = ""  # the peer process's random id, from its heartbeats
         self._pending: dict[str, asyncio.Future] = {}
@@ -205,6 +206,7 @@ class Connection:
         if self.state != "dead" and silent > rt.heartbeat_interval_s * rt.heartbeat_liveness:
             self.state = "dead"
             self.declared_dead_at = now
+            self.silence_at_death = silent
             self._alive.clear()
             self.actor.counters["peers.dead"] += 1
             err = PeerDead(

@@ -28,6 +28,8 @@ async def retry_idempotent(
     is_transient: Callable[[BaseException], bool] = lambda e: getattr(e, "transient", False),
 ) -> T:
     """Run `call` until it succeeds, retrying transient errors up to `attempts` times in all."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
     delays = backoff_delays(initial, cap)
     for attempt in range(1, attempts + 1):
         try:
@@ -36,4 +38,4 @@ async def retry_idempotent(
             if attempt == attempts or not is_transient(exc):
                 raise
             await asyncio.sleep(next(delays))
-    raise AssertionError("unreachable")
+    raise AssertionError("unreachable: the last attempt returns or raises")

@@ -8,6 +8,7 @@ the same), so its peers' connections find it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -53,6 +54,7 @@ class ActorHandle:
     restarts: int = 0
     recent_exits: deque = field(default_factory=deque)
     stopping: bool = False
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     watcher: asyncio.Task | None = None
 
     @property
@@ -176,7 +178,11 @@ class Supervisor:
                 return
             delay = min(self.sc.restart_backoff_initial_s * 2 ** (len(handle.recent_exits) - 1),
                         self.sc.restart_backoff_max_s)
-            await asyncio.sleep(delay)  # the backoff itself, not a synchronisation
+            with contextlib.suppress(TimeoutError):  # the backoff, cut short by stop()
+                await asyncio.wait_for(handle.stop_requested.wait(), delay)
+            if handle.stopping:
+                self._emit(SupervisorEvent("stopped", name, handle.pid, code, handle.restarts))
+                return
             # pin the endpoints actually bound, so a random port survives the restart
             spec = msgspec.structs.replace(handle.spec, bind=handle.endpoints or handle.spec.bind)
             try:
@@ -208,24 +214,27 @@ class Supervisor:
             await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
 
     async def stop(self, name: str, timeout: float | None = None) -> int | None:
-        """Graceful stop: SIGTERM (the actor drains and closes), SIGKILL after `timeout`."""
+        """Graceful stop: SIGTERM (the actor drains and closes), SIGKILL after `timeout`. Returns the
+        exit code. The watcher task alone waits on the process (an fd has one reader per loop)."""
         handle = self.actors[name]
         handle.stopping = True
+        handle.stop_requested.set()
         timeout = self.sc.stop_timeout_s if timeout is None else timeout
         proc = handle.process
         if proc is not None and proc.is_alive():
             proc.terminate()
-            if not await _wait_fd(proc.sentinel, timeout):
-                log.warning("actor %s did not stop within %.1f s; killing it", name, timeout)
-                proc.kill()
-                await _wait_fd(proc.sentinel, 5.0)
-            proc.join(1.0)
-        if handle.watcher is not None:
+        if handle.watcher is not None and not handle.watcher.done():
             try:
-                await asyncio.wait_for(handle.watcher, 5.0)
-            except (TimeoutError, asyncio.CancelledError):
-                handle.watcher.cancel()
+                await asyncio.wait_for(asyncio.shield(handle.watcher), timeout)
+            except TimeoutError:
+                log.warning("actor %s did not stop within %.1f s; killing it", name, timeout)
+                if handle.process is not None and handle.process.is_alive():
+                    handle.process.kill()
+                await asyncio.wait_for(handle.watcher, 10.0)
+        elif proc is not None:
+            proc.join(timeout)
         del self.actors[name]
+        proc = handle.process
         return proc.exitcode if proc is not None else None
 
     async def stop_all(self) -> None:

@@ -92,7 +92,10 @@ class Codec:
         raise TypeError(f"cannot encode {type(obj).__name__} in a message")
 
     def encode(self, header: Header, body: msgspec.Struct) -> list[Any]:
-        """`[header, body, *blobs]` frames for one message; blobs are not copied."""
+        """`[header, body, *blobs]` frames for one message; blobs are not copied.
+
+        The receiver's limits are checked here too, so we never send what a peer must reject."""
+        check_depth(body, self.limits.max_depth)
         self._out = []
         try:
             body_bytes = self._encoder.encode(body)
@@ -107,10 +110,13 @@ class Codec:
         for b in blobs:
             if _size(b) > lim.max_frame_bytes:
                 raise CodecError("too_large", f"blob of {_size(b)} bytes, limit {lim.max_frame_bytes}")
-        return [self._encoder.encode(header), body_bytes, *blobs]
+        return [self.encode_header(header), body_bytes, *blobs]
 
     def encode_header(self, header: Header) -> bytes:
-        return self._encoder.encode(header)
+        data = self._encoder.encode(header)
+        if len(data) > MAX_HEADER_BYTES:
+            raise CodecError("too_large", f"header of {len(data)} bytes, limit {MAX_HEADER_BYTES}")
+        return data
 
     # -- decoding --------------------------------------------------------------------------------
 
@@ -143,7 +149,9 @@ class Codec:
         try:
             header = self._header_decoder.decode(_buf(frame))
         except (msgspec.DecodeError, RecursionError) as exc:
-            raise CodecError("decode", f"bad header: {exc}") from None
+            # deep nesting in skipped trailing elements is too_deep, as it is in a body
+            reason = "too_deep" if isinstance(exc, RecursionError) else "decode"
+            raise CodecError(reason, f"bad header: {exc}") from None
         if header.v != PROTOCOL_VERSION:
             raise CodecError("version", f"protocol version {header.v}, expected {PROTOCOL_VERSION}", header)
         return header
@@ -162,7 +170,8 @@ class Codec:
         blobs = frames[2:]
         for b in blobs:
             if _size(b) > lim.max_frame_bytes:
-                raise CodecError("too_large", f"frame of {_size(b)} bytes, limit {lim.max_frame_bytes}", header)
+                detail = f"frame of {_size(b)} bytes, limit {lim.max_frame_bytes}"
+                raise CodecError("too_large", detail, header)
         self._in, self._used = blobs, set()
         try:
             msg = self.decoder(channel).decode(_buf(body))
@@ -184,5 +193,9 @@ class Codec:
             raise CodecError(
                 "frames", f"message has {len(blobs)} blob frames, body refers to {len(self._used)}", header
             )
-        check_depth(msg, lim.max_depth)
+        try:
+            check_depth(msg, lim.max_depth)
+        except CodecError as exc:
+            exc.header = header
+            raise
         return header, msg

@@ -8,7 +8,17 @@ from typing import Any
 import msgpack
 import pytest
 
-from guirl.messages import ANY, BLOB_EXT, Blob, Codec, CodecError, CodecLimits, IdGen, check_depth, make_header
+from guirl.messages import (
+    ANY,
+    BLOB_EXT,
+    Blob,
+    Codec,
+    CodecError,
+    CodecLimits,
+    IdGen,
+    check_depth,
+    make_header,
+)
 from guirl.messages.types import Echo, EpisodeAssignment, Heartbeat
 
 IDS = IdGen()
@@ -46,7 +56,7 @@ def assignment(task: dict[str, Any]) -> EpisodeAssignment:
     return EpisodeAssignment(episode_id="e", task_id="t", task=task, group_id="g")
 
 
-# --- max_frames ----------------------------------------------------------------------------------------
+# --- max_frames -----------------------------------------------------------------------------------
 
 
 def test_max_frames_on_encode_and_decode() -> None:
@@ -67,7 +77,7 @@ def test_fewer_than_two_frames(frames: list[bytes]) -> None:
     assert decode_error(frames).code == "frames"
 
 
-# --- max_frame_bytes ----------------------------------------------------------------------------------------
+# --- max_frame_bytes ------------------------------------------------------------------------------
 
 
 def test_max_frame_bytes_on_encode_and_decode() -> None:
@@ -81,7 +91,7 @@ def test_max_frame_bytes_on_encode_and_decode() -> None:
     assert err.code == "too_large" and err.header == HEADER
 
 
-# --- max_body_bytes ----------------------------------------------------------------------------------------------
+# --- max_body_bytes -------------------------------------------------------------------------------
 
 
 def test_max_body_bytes_on_encode_and_decode() -> None:
@@ -102,7 +112,7 @@ def test_body_limit_does_not_count_blobs() -> None:
     assert Codec(lim).decode(Codec(lim).encode(HEADER, msg), ANY)[1] == msg
 
 
-# --- max_depth --------------------------------------------------------------------------------------------------
+# --- max_depth ------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("max_depth", [3, 5, 32])
@@ -126,7 +136,13 @@ def test_max_depth_on_decode(max_depth: int) -> None:
     lim = CodecLimits(max_depth=max_depth)
     ok = assignment({"k": nested(max_depth - 2)})
     assert Codec(lim).decode(Codec().encode(HEADER, ok), ANY)[1] == ok
-    deep = Codec().encode(HEADER, assignment({"k": nested(max_depth - 1)}))
+    deep_msg = assignment({"k": nested(max_depth - 1)})
+    # the sender's own codec refuses to send it (same limits) ...
+    with pytest.raises(CodecError) as sent:
+        Codec(lim).encode(HEADER, deep_msg)
+    assert sent.value.code == "too_deep"
+    # ... and a sender with laxer limits gets it rejected at the receiver
+    deep = Codec(CodecLimits(max_depth=max_depth + 10)).encode(HEADER, deep_msg)
     err = decode_error(deep, lim)
     assert err.code == "too_deep" and err.header == HEADER
 
@@ -157,7 +173,7 @@ def test_task_body_helper_builds_a_valid_body() -> None:
 )
 def test_hundred_thousand_deep_body_is_codec_error(body: bytes) -> None:
     err = decode_error(raw(body))
-    assert err.code in {"too_deep", "schema"}
+    assert err.code in {"too_deep", "schema", "unknown_type"}  # top level: not a message at all
     assert err.header == HEADER
 
 
@@ -165,7 +181,7 @@ def test_hundred_thousand_deep_task_is_too_deep() -> None:
     assert decode_error(raw(task_body(b"\x91" * 100_000 + b"\x00"))).code == "too_deep"
 
 
-# --- malformed bodies ----------------------------------------------------------------------------------------------
+# --- malformed bodies -----------------------------------------------------------------------------
 
 
 def test_non_utf8_string_is_decode() -> None:
@@ -232,7 +248,7 @@ def test_errors_after_a_valid_header_carry_it() -> None:
         assert err.header == HEADER, body
 
 
-# --- codec state and frame kinds ------------------------------------------------------------------------------------
+# --- codec state and frame kinds ------------------------------------------------------------------
 
 
 def test_codec_recovers_after_errors() -> None:

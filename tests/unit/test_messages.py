@@ -65,11 +65,13 @@ def png(width: int, height: int) -> bytes:
     """A real (tiny, grey) PNG file."""
 
     def chunk(kind: bytes, payload: bytes) -> bytes:
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", zlib.crc32(kind + payload))
+        crc = struct.pack(">I", zlib.crc32(kind + payload))
+        return struct.pack(">I", len(payload)) + kind + payload + crc
 
     rows = b"".join(b"\x00" + bytes([128]) * width for _ in range(height))
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+    idat = chunk(b"IDAT", zlib.compress(rows))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + idat + chunk(b"IEND", b"")
 
 
 SCREEN = png(8, 6)
@@ -177,7 +179,7 @@ def snake(name: str) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
 
 
-# --- round trips ---------------------------------------------------------------------------------
+# --- round trips ----------------------------------------------------------------------------------
 
 
 def test_examples_cover_every_message_in_any() -> None:
@@ -296,7 +298,7 @@ def test_bad_tag_of_nested_union_is_schema_not_unknown_type() -> None:
         assert info.value.code == "schema", part
 
 
-# --- blobs -------------------------------------------------------------------------------------------
+# --- blobs ----------------------------------------------------------------------------------------
 
 
 def test_blobs_travel_as_trailing_frames_zero_copy() -> None:
@@ -347,7 +349,7 @@ def test_blob_equality_and_digest() -> None:
     assert hash(a) == hash(Blob(b"screen"))
 
 
-# --- tensors -------------------------------------------------------------------------------------------
+# --- tensors --------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -357,7 +359,8 @@ def test_blob_equality_and_digest() -> None:
 def test_tensor_tolist_round_trips(values: list, dtype: str) -> None:
     t = Tensor.from_list(values, dtype)
     assert t.shape == [len(values)] and len(t.data) == 4 * len(values)
-    expected = [struct.unpack("<f", struct.pack("<f", v))[0] for v in values] if dtype == "float32" else values
+    as_f32 = [struct.unpack("<f", struct.pack("<f", v))[0] for v in values]
+    expected = as_f32 if dtype == "float32" else values
     assert t.tolist() == expected
     frames = Codec().encode(make_header(IDS, "a"), PolicyResponse(text="", logprobs=t))
     _, got = Codec().decode(frames, ANY)
@@ -401,7 +404,7 @@ def test_bfloat16_has_no_python_view() -> None:
         Tensor(dtype="bfloat16", shape=[2], data=Blob(bytes(4))).tolist()
 
 
-# --- schema evolution -----------------------------------------------------------------------------------
+# --- schema evolution -----------------------------------------------------------------------------
 
 
 class HeartbeatV2(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="heartbeat"):
@@ -454,7 +457,7 @@ def test_body_missing_required_field_is_schema() -> None:
     assert info.value.code == "schema"
 
 
-# --- header ----------------------------------------------------------------------------------------------
+# --- header ---------------------------------------------------------------------------------------
 
 
 def test_make_header_fills_version_ids_and_time() -> None:
@@ -498,7 +501,11 @@ def test_other_protocol_version_is_version_error_with_header() -> None:
 
 def test_oversized_header_is_too_large() -> None:
     codec = Codec()
-    big = codec.encode_header(Header(PROTOCOL_VERSION, "id", "s" * MAX_HEADER_BYTES, 1.0))
+    oversized = Header(PROTOCOL_VERSION, "id", "s" * MAX_HEADER_BYTES, 1.0)
+    with pytest.raises(CodecError) as refused:  # never sent by guirl ...
+        codec.encode_header(oversized)
+    assert refused.value.code == "too_large"
+    big = msgspec.msgpack.encode(oversized)  # ... but a hostile peer can
     assert len(big) > MAX_HEADER_BYTES == 4096
     body = codec.encode(make_header(IDS, "a"), Heartbeat())[1]
     with pytest.raises(CodecError) as info:

@@ -1,0 +1,39 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Each sets up what is missing first.
+SHELL := /bin/bash
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch arrives with the learner; it is installed as TORCH_SPEC (point it at your CUDA build on a GPU box)
+TORCH_SPEC ?= torch==2.13.0
+export TORCH_SPEC
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup setup-test bench lint clean
+
+$(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/system-packages.txt
+	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
+	$(PY) -m pip install -q --disable-pip-version-check -e .
+	touch $@
+
+$(VENV)/.stamp-test: $(VENV)/.stamp-runtime
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.stamp-runtime
+
+setup-test: $(VENV)/.stamp-test
+
+demo: setup
+	$(VENV)/bin/guirl demo $(ARGS)
+
+test: setup-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup-test
+	$(PY) bench/transport.py
+
+lint: setup-test
+	$(VENV)/bin/ruff check guirl bench tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache build *.egg-info

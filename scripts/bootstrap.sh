@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Set up what guirl needs on a fresh Debian/Ubuntu machine: system packages (installed with apt-get when
+# run as root, otherwise listed for you to install) and the project's virtual environment.
+#   usage: scripts/bootstrap.sh PYTHON VENV
+set -euo pipefail
+PYTHON=${1:-python3}
+VENV=${2:-.venv}
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+    echo "guirl needs Python >= 3.11; '$PYTHON' was not found (set PYTHON=/path/to/python3.11)." >&2
+    exit 1
+fi
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "guirl needs Python >= 3.11; $PYTHON is $("$PYTHON" -V 2>&1) (set PYTHON=/path/to/python3.11)." >&2
+    exit 1
+fi
+
+# Debian packages: one "PACKAGE CHECK" per line in system-packages.txt; PACKAGE is needed when CHECK
+# (a command name, or "py:MODULE" for a module of $PYTHON) is missing.
+missing=()
+while read -r pkg check; do
+    [[ -z "$pkg" || "$pkg" == \#* ]] && continue
+    if [[ "$check" == py:* ]]; then
+        "$PYTHON" -c "import ${check#py:}" >/dev/null 2>&1 || missing+=("$pkg")
+    else
+        command -v "$check" >/dev/null 2>&1 || missing+=("$pkg")
+    fi
+done < "$HERE/system-packages.txt"
+# venv needs ensurepip, which Debian's python3 ships separately
+if [[ ! -x "$VENV/bin/python" ]] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    missing+=("python3-venv")
+fi
+
+if ((${#missing[@]})); then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "guirl: installing system packages: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    else
+        echo "guirl: these system packages are missing; install them and run make again:" >&2
+        echo "    sudo apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+    echo "guirl: creating $VENV with $("$PYTHON" -V 2>&1)"
+    "$PYTHON" -m venv "$VENV"
+fi
