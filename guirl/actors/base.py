@@ -35,14 +35,14 @@ class Request:
     __slots__ = ("peer", "header", "msg", "received_at")
 
     def __init__(self, peer: list[bytes], header: Header, msg: Message, received_at: float) -> None:
-        self.peer = peer  # routing ids (usually one) to address the reply
+        self.peer = peer  # routing ids to address the reply; peer[0] is the directly connected socket
         self.header = header
         self.msg = msg
         self.received_at = received_at
 
     @property
     def peer_name(self) -> str:
-        return self.peer[-1].decode("utf-8", "replace") if self.peer else ""
+        return self.peer[0].decode("utf-8", "replace") if self.peer else ""
 
 
 def _delimiter(frames: list) -> int:
@@ -285,7 +285,7 @@ class Actor:
         if not peer:
             self.counters["dropped.frames"] += 1
             return
-        self._touch(peer[-1], now)
+        self._touch(peer[0], now)
         try:
             header, msg = self.codec.decode(frames[split + 1:], self.channel)
         except CodecError as exc:
@@ -293,9 +293,9 @@ class Actor:
             return
         match msg:
             case Heartbeat(leaving=True):
-                if self.peers.pop(peer[-1], None) is not None:
+                if self.peers.pop(peer[0], None) is not None:
                     self.counters["peers.left"] += 1
-                    log.info("mailbox peer %r left", peer[-1].decode("utf-8", "replace"))
+                    log.info("mailbox peer %r left", peer[0].decode("utf-8", "replace"))
                 return
             case Heartbeat():
                 return
@@ -303,11 +303,11 @@ class Actor:
                 self._send_to(peer, self.stats(), reply_to=header.msg_id)
                 return
             case Shutdown(reason=reason):
-                self.request_shutdown(reason or f"Shutdown from {peer[-1]!r}")
+                self.request_shutdown(reason or f"Shutdown from {peer[0]!r}")
                 return
         self.counters["received"] += 1
         if self.recorder is not None:
-            self.record("in", "mailbox", peer[-1], [f.buffer for f in frames[split + 1:]], msg)
+            self.record("in", "mailbox", peer[0], [f.buffer for f in frames[split + 1:]], msg)
         if self.stopping:
             err = ErrorReply(code="shutting_down", message=f"{self.name} is shutting down", retryable=True)
             self._send_to(peer, err, reply_to=header.msg_id)
@@ -332,7 +332,7 @@ class Actor:
 
     def _reject(self, peer: list[bytes], header: Header | None, exc: CodecError) -> None:
         self.counters[f"dropped.{exc.code}"] += 1
-        self.log_drop(peer[-1].decode("utf-8", "replace") if peer else "?", exc)
+        self.log_drop(peer[0].decode("utf-8", "replace") if peer else "?", exc)
         if peer:
             err = ErrorReply(code=exc.code, message=str(exc)[:500])
             self._send_to(peer, err, reply_to=header.msg_id if header else "")
@@ -385,11 +385,11 @@ class Actor:
                 return False
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
             self.counters["dropped.unroutable"] += 1
-            log.debug("unroutable reply to %r: %s", peer[-1], exc)
+            log.debug("unroutable reply to %r: %s", peer[0], exc)
             return False
         if not isinstance(msg, Heartbeat):
             self.counters["sent"] += 1
-            self.record("out", "mailbox", peer[-1], body, msg)
+            self.record("out", "mailbox", peer[0], body, msg)
         return True
 
     def enqueue_push(self, conn: Connection, header: Header, msg: Message) -> None:

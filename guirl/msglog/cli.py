@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _select(reader: LogReader, args: argparse.Namespace) -> list[Record]:
-    records = list(reader)
+    # several actors' logs interleave by time; `index` stays the read order, for `show -n`
+    records = sorted(reader, key=lambda r: r.t)
     first_t = records[0].t if records else None
     flt = RecordFilter(
         types=set(args.type) if args.type else None, episode=args.episode, actor=args.actor,
