@@ -108,8 +108,13 @@ class Supervisor:
             if not fut.done():
                 fut.set_result(None)
         level = logging.WARNING if event.kind in ("exited", "gave_up", "start_failed") else logging.INFO
-        log.log(level, "actor %s %s (pid %s, exit %s, restarts %d) %s", event.name, event.kind, event.pid,
-                event.exitcode, event.restarts, event.detail)
+        facts = [f"pid {event.pid}"] if event.pid else []
+        if event.exitcode is not None:
+            facts.append(f"exit code {event.exitcode}")
+        if event.restarts:
+            facts.append(f"{event.restarts} restarts")
+        detail = f": {event.detail}" if event.detail else ""
+        log.log(level, "actor %s %s (%s)%s", event.name, event.kind, ", ".join(facts), detail)
 
     async def _spawn(self, handle: ActorHandle, spec: ActorSpec) -> None:
         if not spec.run_dir and self.run_dir:
