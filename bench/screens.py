@@ -28,8 +28,10 @@ def _windows(img: Image.Image, rng: random.Random) -> None:
         d.rectangle([x, y, x + ww, y + 30], fill=(60, 63, 70))
         d.text((x + 10, y + 8), f"Window {k + 1} - Document.txt", fill=(240, 240, 240))
         for line in range(wh // 22 - 2):
-            words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta", "menu", "file", "edit"])
-                             for _ in range(rng.randrange(3, 12)))
+            words = " ".join(
+                rng.choice(["alpha", "beta", "gamma", "delta", "menu", "file", "edit"])
+                for _ in range(rng.randrange(3, 12))
+            )
             d.text((x + 12, y + 40 + line * 20), words, fill=(20, 20, 20))
 
 

@@ -85,7 +85,10 @@ def time_flask(session, url: str, png: bytes, n: int) -> list[float]:
     out = []
     for _ in range(n):
         t = time.perf_counter()
-        body = {"action": "pyautogui.click(100, 200)", "observation": {"screenshot": base64.b64encode(png).decode()}}
+        body = {
+            "action": "pyautogui.click(100, 200)",
+            "observation": {"screenshot": base64.b64encode(png).decode()},
+        }
         reply = session.post(url, json=body, timeout=30).json()
         assert reply["size"] == len(png)
         out.append(time.perf_counter() - t)
@@ -116,12 +119,16 @@ async def run(quick: bool) -> dict:
 
     screens = {"desktop": plain_desktop(), "photo": photo_desktop()}
     # (interleaved rounds, zmq reps per block, flask reps per block)
-    plan = {"desktop": (6 if quick else 10, 100 if quick else 300, 20 if quick else 60),
-            "photo": (6 if quick else 10, 15 if quick else 40, 3 if quick else 8)}
+    plan = {
+        "desktop": (6 if quick else 10, 100 if quick else 300, 20 if quick else 60),
+        "photo": (6 if quick else 10, 15 if quick else 40, 3 if quick else 8),
+    }
     spawn = mp.get_context("spawn")
     raw_port, flask_port = _free_port(), _free_port()
-    procs = [spawn.Process(target=raw_rep_server, args=(raw_port,), daemon=True),
-             spawn.Process(target=flask_server, args=(flask_port,), daemon=True)]
+    procs = [
+        spawn.Process(target=raw_rep_server, args=(raw_port,), daemon=True),
+        spawn.Process(target=flask_server, args=(flask_port,), daemon=True),
+    ]
     for p in procs:
         p.start()
     cfg = load_config(overrides=["logging.level=WARNING"])
@@ -138,8 +145,9 @@ async def run(quick: bool) -> dict:
             await asyncio.sleep(0.05)
     results: dict[str, dict[str, list[float]]] = {k: {"guirl": [], "raw": [], "flask": []} for k in screens}
     async with Supervisor(cfg) as sup:
-        server = await sup.start(ActorSpec(name="echo", target="guirl.actors.echo:EchoActor",
-                                           bind=["tcp://127.0.0.1:0"]))
+        server = await sup.start(
+            ActorSpec(name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"])
+        )
         client = Actor("bench", runtime=cfg.runtime)
         task = asyncio.create_task(client.run())
         while client.ctx is None:
@@ -185,11 +193,15 @@ def main() -> None:
     import uvloop
 
     figures = uvloop.run(run(args.quick))
-    print(f"{'screenshot':<10} {'PNG':>10} {'guirl ms':>9} {'raw ms':>9} {'flask ms':>9} "
-          f"{'guirl/raw':>10} {'flask/guirl':>12}")
+    print(
+        f"{'screenshot':<10} {'PNG':>10} {'guirl ms':>9} {'raw ms':>9} {'flask ms':>9} "
+        f"{'guirl/raw':>10} {'flask/guirl':>12}"
+    )
     for k, m in figures["median_ms"].items():
-        print(f"{k:<10} {figures['png_bytes'][k]:>10} {m['guirl']:>9.3f} {m['raw']:>9.3f} {m['flask']:>9.3f} "
-              f"{figures['guirl_over_raw'][k]:>10.2f} {figures['flask_over_guirl'][k]:>12.1f}")
+        print(
+            f"{k:<10} {figures['png_bytes'][k]:>10} {m['guirl']:>9.3f} {m['raw']:>9.3f} {m['flask']:>9.3f} "
+            f"{figures['guirl_over_raw'][k]:>10.2f} {figures['flask_over_guirl'][k]:>12.1f}"
+        )
     print(json.dumps(figures))
 
 

@@ -20,8 +20,13 @@ from guirl import __version__
 
 def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="TOML config file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one setting, e.g. --set runtime.heartbeat_interval_s=0.5 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting, e.g. --set runtime.heartbeat_interval_s=0.5 (repeatable)",
+    )
 
 
 def _load(args: argparse.Namespace):
@@ -41,8 +46,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     summary = uvloop.run(run_demo(cfg))
     eps = summary["episodes"]
     print(f"[demo] {sum(eps.values())} episodes ({eps}), {summary['steps']} steps in {summary['seconds']} s")
-    print(f"[demo] recorded {sum(summary['recorded_messages'].values())} messages; "
-          f"{summary['distinct_screenshots_stored']} distinct screenshots stored")
+    print(
+        f"[demo] recorded {sum(summary['recorded_messages'].values())} messages; "
+        f"{summary['distinct_screenshots_stored']} distinct screenshots stored"
+    )
     print(f"[demo] supervisor: {', '.join(summary['supervisor_events'])}")
     print(f"[demo] run directory: {summary['run_dir']}")
     print(f"[demo] try: bin/replay list {summary['run_dir']}/msglogs --type echo --actor broker")
@@ -72,8 +79,14 @@ def cmd_actor(args: argparse.Namespace) -> int:
         if not sep:
             raise SystemExit(f"guirl actor run: --option needs KEY=VALUE, got {item!r}")
         options[key] = value
-    spec = ActorSpec(name=args.name, target=args.target, bind=args.bind, options=options, record=args.record,
-                     run_dir=args.run_dir)
+    spec = ActorSpec(
+        name=args.name,
+        target=args.target,
+        bind=args.bind,
+        options=options,
+        record=args.record,
+        run_dir=args.run_dir,
+    )
     setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)
     actor = build_actor(spec, cfg)
 
@@ -107,8 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("target", help="module:Class, e.g. guirl.actors.echo:EchoActor")
     run.add_argument("--name", required=True)
     run.add_argument("--bind", action="append", default=[], help="mailbox endpoint (repeatable)")
-    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                     help="a string keyword argument for the actor class (repeatable)")
+    run.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a string keyword argument for the actor class (repeatable)",
+    )
     run.add_argument("--record", action="store_true", help="record the actor's messages")
     run.add_argument("--run-dir", default="", help="where message logs go (default: current directory)")
     _config_args(run)

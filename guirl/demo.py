@@ -41,8 +41,12 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
     d = cfg.demo
     started = time.monotonic()
     coordinator = DemoCoordinator(
-        "coordinator", episodes=d.workers * d.episodes, max_steps=d.steps, runtime=cfg.runtime,
-        codec=cfg.codec, bind=["tcp://127.0.0.1:0"],
+        "coordinator",
+        episodes=d.workers * d.episodes,
+        max_steps=d.steps,
+        runtime=cfg.runtime,
+        codec=cfg.codec,
+        bind=["tcp://127.0.0.1:0"],
         recorder=Recorder(logs, "coordinator", actor="coordinator", rotate_bytes=cfg.recorder.rotate_bytes),
     )
     coord_ready = asyncio.Event()
@@ -50,15 +54,26 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
     await coord_ready.wait()
     killed_at = None
     async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-        broker = await sup.start(ActorSpec(name="broker", target="guirl.actors.echo:EchoActor",
-                                           bind=["tcp://127.0.0.1:0"], record=True))
-        options = {"coordinator": coordinator.endpoints[0], "broker": broker.endpoints[0],
-                   "step_latency_s": d.step_latency_s}
-        await asyncio.gather(*(
-            sup.start(ActorSpec(name=f"worker{i}", target="guirl.actors.demo:DemoWorker", record=True,
-                                options=options))
-            for i in range(d.workers)
-        ))
+        broker = await sup.start(
+            ActorSpec(
+                name="broker", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"], record=True
+            )
+        )
+        options = {
+            "coordinator": coordinator.endpoints[0],
+            "broker": broker.endpoints[0],
+            "step_latency_s": d.step_latency_s,
+        }
+        await asyncio.gather(
+            *(
+                sup.start(
+                    ActorSpec(
+                        name=f"worker{i}", target="guirl.actors.demo:DemoWorker", record=True, options=options
+                    )
+                )
+                for i in range(d.workers)
+            )
+        )
         if d.kill_one:
             # once a third of the episodes are done, kill the broker the hard way
             while len(coordinator.ended) < max(1, coordinator.total // 3):
@@ -101,4 +116,3 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
     }
     write_json_atomic(run_dir / "summary.json", summary)
     return summary
-

@@ -78,8 +78,10 @@ class Actor:
     ) -> None:
         self.name = name
         self.runtime = runtime
-        self.limits = codec if isinstance(codec, CodecLimits) else (
-            CodecLimits.from_config(codec) if codec is not None else CodecLimits()
+        self.limits = (
+            codec
+            if isinstance(codec, CodecLimits)
+            else (CodecLimits.from_config(codec) if codec is not None else CodecLimits())
         )
         self.bind_endpoints = list(bind)
         self.recorder = recorder
@@ -177,11 +179,15 @@ class Actor:
                 pass
             async with asyncio.TaskGroup() as tg:
                 await self.setup()
-                tasks = [tg.create_task(self._heartbeat_loop(), name="heartbeat"),
-                         tg.create_task(self._push_loop(), name="pushes")]
+                tasks = [
+                    tg.create_task(self._heartbeat_loop(), name="heartbeat"),
+                    tg.create_task(self._push_loop(), name="pushes"),
+                ]
                 if self._mailbox is not None:
-                    tasks += [tg.create_task(self._worker(), name=f"worker{i}")
-                              for i in range(self.runtime.max_concurrency)]
+                    tasks += [
+                        tg.create_task(self._worker(), name=f"worker{i}")
+                        for i in range(self.runtime.max_concurrency)
+                    ]
                 tasks.append(tg.create_task(self._run_main(), name="main"))
                 if ready is not None:
                     ready(self.endpoints)
@@ -238,8 +244,11 @@ class Actor:
         try:
             await asyncio.wait_for(self._wait_idle(), self.runtime.shutdown_timeout_s)
         except TimeoutError:
-            log.warning("shutdown: %d requests still in flight after %.1f s; abandoning them",
-                        self._active + self._inbox.qsize(), self.runtime.shutdown_timeout_s)
+            log.warning(
+                "shutdown: %d requests still in flight after %.1f s; abandoning them",
+                self._active + self._inbox.qsize(),
+                self.runtime.shutdown_timeout_s,
+            )
 
     async def _wait_idle(self) -> None:
         while self._active or not self._inbox.empty():
@@ -252,7 +261,7 @@ class Actor:
         if self._mailbox is not None:
             self._mailbox.close()
             for ep in self.endpoints:  # libzmq leaves ipc socket files behind; they are ours to remove
-                path = ep[len("ipc://"):] if ep.startswith("ipc://") else ""
+                path = ep[len("ipc://") :] if ep.startswith("ipc://") else ""
                 if path and not path.startswith("@") and os.path.exists(path):
                     with contextlib.suppress(OSError):
                         os.unlink(path)
@@ -287,7 +296,7 @@ class Actor:
             return
         self._touch(peer[0], now)
         try:
-            header, msg = self.codec.decode(frames[split + 1:], self.channel)
+            header, msg = self.codec.decode(frames[split + 1 :], self.channel)
         except CodecError as exc:
             self._reject(peer, exc.header, exc)
             return
@@ -307,7 +316,7 @@ class Actor:
                 return
         self.counters["received"] += 1
         if self.recorder is not None:
-            self.record("in", "mailbox", peer[0], [f.buffer for f in frames[split + 1:]], msg)
+            self.record("in", "mailbox", peer[0], [f.buffer for f in frames[split + 1 :]], msg)
         if self.stopping:
             err = ErrorReply(code="shutting_down", message=f"{self.name} is shutting down", retryable=True)
             self._send_to(peer, err, reply_to=header.msg_id)
@@ -342,8 +351,12 @@ class Actor:
         now = time.monotonic()
         if now - self._drop_log_at >= 1.0:
             self._drop_log_at = now
-            log.warning("dropped a message from %s: %s (counters: %s)", peer, exc,
-                        {k: v for k, v in self.counters.items() if k.startswith("dropped.")})
+            log.warning(
+                "dropped a message from %s: %s (counters: %s)",
+                peer,
+                exc,
+                {k: v for k, v in self.counters.items() if k.startswith("dropped.")},
+            )
 
     async def _worker(self) -> None:
         inbox = self._inbox
@@ -417,7 +430,9 @@ class Actor:
                     del self.peers[ident]
                     self.counters["peers.dead"] += 1
                     name = ident.decode("utf-8", "replace")
-                    log.warning("mailbox peer %r missed %d heartbeats; declared dead", name, rt.heartbeat_liveness)
+                    log.warning(
+                        "mailbox peer %r missed %d heartbeats; declared dead", name, rt.heartbeat_liveness
+                    )
                     self.on_peer_dead(name, TimeoutError(f"{name} silent for {now - state.last_seen:.2f} s"))
                 else:
                     self._send_to([ident], Heartbeat(inflight=self._active, incarnation=self.incarnation))

@@ -233,4 +233,3 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.name!r}, {self.endpoint!r}, {self.state})"
-

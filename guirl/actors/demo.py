@@ -20,7 +20,15 @@ from guirl.actors.errors import ActorError
 from guirl.actors.retry import retry_idempotent
 from guirl.messages import Blob, CoordinatorChannel, DiagChannel
 from guirl.messages.types import (
-    Ack, Echo, EchoReply, EpisodeAssignment, EpisodeEnded, Message, NoWork, Register, WorkRequest,
+    Ack,
+    Echo,
+    EchoReply,
+    EpisodeAssignment,
+    EpisodeEnded,
+    Message,
+    NoWork,
+    Register,
+    WorkRequest,
 )
 
 log = logging.getLogger(__name__)
@@ -44,8 +52,12 @@ def synthetic_screen(width: int, height: int, seed: int) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"".join(rows), 6))
-            + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"".join(rows), 6))
+        + chunk(b"IEND", b"")
+    )
 
 
 class DemoCoordinator(Actor):
@@ -75,9 +87,12 @@ class DemoCoordinator(Actor):
                 episode = self.todo.pop(0)
                 self.assigned[episode] = worker
                 return EpisodeAssignment(
-                    episode_id=episode, task_id=f"demo-{episode}", group_id=episode[:4],
+                    episode_id=episode,
+                    task_id=f"demo-{episode}",
+                    group_id=episode[:4],
                     task={"instruction": "send one screenshot per step to the broker"},
-                    max_steps=self.max_steps, seed=int(episode[2:]),
+                    max_steps=self.max_steps,
+                    seed=int(episode[2:]),
                 )
             case EpisodeEnded(episode_id=episode) if episode in self.ended:
                 self.counters["episodes.duplicate_end"] += 1
@@ -97,8 +112,17 @@ class DemoWorker(Actor):
 
     channel = DiagChannel
 
-    def __init__(self, name: str, *, coordinator: str, broker: str, width: int = 320, height: int = 200,
-                 step_latency_s: float = 0.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        coordinator: str,
+        broker: str,
+        width: int = 320,
+        height: int = 200,
+        step_latency_s: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name, **kwargs)
         self.step_latency_s = float(step_latency_s)
         self.coordinator_ep, self.broker_ep = coordinator, broker
@@ -121,24 +145,40 @@ class DemoWorker(Actor):
                 case EpisodeAssignment() as ep:
                     ended = await self._play(ep)
                     # the coordinator ignores a repeated end state, so reporting one is safe to retry
-                    await retry_idempotent(lambda ended=ended: self.coord.request(ended), attempts=20,
-                                           initial=rt.reconnect_backoff_initial_s, cap=rt.reconnect_backoff_max_s)
+                    await retry_idempotent(
+                        lambda ended=ended: self.coord.request(ended),
+                        attempts=20,
+                        initial=rt.reconnect_backoff_initial_s,
+                        cap=rt.reconnect_backoff_max_s,
+                    )
 
     async def _play(self, ep: EpisodeAssignment) -> EpisodeEnded:
         rt = self.runtime
         for step in range(ep.max_steps):
             png = synthetic_screen(self.width, self.height, ep.seed * 100 + step)
-            echo = Echo(text=f"{ep.episode_id} step {step}", blobs=[Blob(png)], return_blobs=False,
-                        delay_s=self.step_latency_s)
+            echo = Echo(
+                text=f"{ep.episode_id} step {step}",
+                blobs=[Blob(png)],
+                return_blobs=False,
+                delay_s=self.step_latency_s,
+            )
             try:
                 # an Echo is idempotent, so it may be retried while the broker restarts
-                reply = await retry_idempotent(lambda echo=echo: self.broker.request(echo, timeout=5.0),
-                                               attempts=30, initial=rt.reconnect_backoff_initial_s,
-                                               cap=rt.reconnect_backoff_max_s)
+                reply = await retry_idempotent(
+                    lambda echo=echo: self.broker.request(echo, timeout=5.0),
+                    attempts=30,
+                    initial=rt.reconnect_backoff_initial_s,
+                    cap=rt.reconnect_backoff_max_s,
+                )
             except ActorError as exc:
                 log.warning("episode %s aborted at step %d: %s", ep.episode_id, step, exc)
-                return EpisodeEnded(episode_id=ep.episode_id, status="aborted", steps=step,
-                                    env_error=str(exc)[:300], reason="broker unreachable")
+                return EpisodeEnded(
+                    episode_id=ep.episode_id,
+                    status="aborted",
+                    steps=step,
+                    env_error=str(exc)[:300],
+                    reason="broker unreachable",
+                )
             if not isinstance(reply, EchoReply) or reply.sizes != [len(png)]:
                 raise RuntimeError(f"broker answered {reply!r} to a {len(png)}-byte screenshot")
         return EpisodeEnded(episode_id=ep.episode_id, status="completed", reward=1.0, steps=ep.max_steps)

@@ -1,4 +1,4 @@
-"""Typed errors of the actor runtime: transient ones may be retried (idempotent calls only), fatal ones not."""
+"""Typed errors of the actor runtime: transient ones may be retried (idempotent calls only)."""
 
 from __future__ import annotations
 

@@ -56,11 +56,15 @@ def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
         directory = cfg.recorder.dir or os.path.join(spec.run_dir or ".", "msglogs")
         os.makedirs(directory, exist_ok=True)
         recorder = Recorder(
-            directory, spec.name, actor=spec.name, rotate_bytes=cfg.recorder.rotate_bytes,
+            directory,
+            spec.name,
+            actor=spec.name,
+            rotate_bytes=cfg.recorder.rotate_bytes,
             directions=tuple(cfg.recorder.directions),
         )
-    return cls(spec.name, runtime=cfg.runtime, codec=cfg.codec, bind=spec.bind, recorder=recorder,
-               **spec.options)
+    return cls(
+        spec.name, runtime=cfg.runtime, codec=cfg.codec, bind=spec.bind, recorder=recorder, **spec.options
+    )
 
 
 def _die_with_parent() -> None:

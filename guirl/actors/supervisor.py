@@ -121,7 +121,8 @@ class Supervisor:
             spec = msgspec.structs.replace(spec, run_dir=self.run_dir)
         recv_conn, send_conn = _spawn.Pipe(duplex=False)
         proc = _spawn.Process(
-            target=actor_main, name=f"guirl:{spec.name}",
+            target=actor_main,
+            name=f"guirl:{spec.name}",
             args=(msgspec.msgpack.encode(spec), self._cfg_bytes, send_conn, os.getpid()),
         )
         proc.start()
@@ -178,11 +179,21 @@ class Supervisor:
                 handle.recent_exits.popleft()
             self._emit(SupervisorEvent("exited", name, handle.pid, code, handle.restarts))
             if len(handle.recent_exits) > self.sc.max_restarts:
-                self._emit(SupervisorEvent("gave_up", name, handle.pid, code, handle.restarts,
-                                           f"{len(handle.recent_exits)} exits in {self.sc.restart_window_s} s"))
+                self._emit(
+                    SupervisorEvent(
+                        "gave_up",
+                        name,
+                        handle.pid,
+                        code,
+                        handle.restarts,
+                        f"{len(handle.recent_exits)} exits in {self.sc.restart_window_s} s",
+                    )
+                )
                 return
-            delay = min(self.sc.restart_backoff_initial_s * 2 ** (len(handle.recent_exits) - 1),
-                        self.sc.restart_backoff_max_s)
+            delay = min(
+                self.sc.restart_backoff_initial_s * 2 ** (len(handle.recent_exits) - 1),
+                self.sc.restart_backoff_max_s,
+            )
             with contextlib.suppress(TimeoutError):  # the backoff, cut short by stop()
                 await asyncio.wait_for(handle.stop_requested.wait(), delay)
             if handle.stopping:

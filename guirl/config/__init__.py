@@ -14,6 +14,16 @@ from guirl.config.schema import *
 from guirl.config.schema import ENV_VARS, REDACTED, SECRET_KEYS, GuirlConfig
 
 __all__ = [
-    "ENV_VARS", "REDACTED", "SECRET_KEYS", "ConfigError", "FieldDoc", "GuirlConfig", "describe",
-    "field_docstrings", "load_config", "make_run_dir", "save_resolved", "to_toml",
+    "ENV_VARS",
+    "REDACTED",
+    "SECRET_KEYS",
+    "ConfigError",
+    "FieldDoc",
+    "GuirlConfig",
+    "describe",
+    "field_docstrings",
+    "load_config",
+    "make_run_dir",
+    "save_resolved",
+    "to_toml",
 ]

@@ -21,7 +21,23 @@ from guirl.messages.types import *  # noqa: F403  (the message classes are this 
 from guirl.messages.types import Message
 
 __all__ = [
-    "ANY", "BLOB_EXT", "CHANNELS", "PROTOCOL_VERSION", "Blob", "Codec", "CodecError", "CodecLimits",
-    "Control", "CoordinatorChannel", "DiagChannel", "Header", "IdGen", "LearnerChannel", "Message",
-    "PRMChannel", "PolicyChannel", "check_depth", "make_header",
+    "ANY",
+    "BLOB_EXT",
+    "CHANNELS",
+    "PROTOCOL_VERSION",
+    "Blob",
+    "Codec",
+    "CodecError",
+    "CodecLimits",
+    "Control",
+    "CoordinatorChannel",
+    "DiagChannel",
+    "Header",
+    "IdGen",
+    "LearnerChannel",
+    "Message",
+    "PRMChannel",
+    "PolicyChannel",
+    "check_depth",
+    "make_header",
 ]

@@ -38,8 +38,21 @@ PRMChannel = Control | Transition | StepScore
 LearnerChannel = Control | Trajectory | StepScore | Ack | WeightsPublished
 
 ANY = (
-    Control | Echo | EchoReply | Register | Ack | WorkRequest | EpisodeAssignment | NoWork | EpisodeEnded
-    | PolicyRequest | PolicyResponse | Transition | StepScore | Trajectory | WeightsPublished
+    Control
+    | Echo
+    | EchoReply
+    | Register
+    | Ack
+    | WorkRequest
+    | EpisodeAssignment
+    | NoWork
+    | EpisodeEnded
+    | PolicyRequest
+    | PolicyResponse
+    | Transition
+    | StepScore
+    | Trajectory
+    | WeightsPublished
 )
 """Every message type: for tools (replay, inspection) that must read any channel."""
 

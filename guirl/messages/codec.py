@@ -29,8 +29,10 @@ class CodecLimits(msgspec.Struct, frozen=True, kw_only=True):
     @classmethod
     def from_config(cls, cfg: Any) -> CodecLimits:
         return cls(
-            max_frames=cfg.max_frames, max_frame_bytes=cfg.max_frame_bytes,
-            max_body_bytes=cfg.max_body_bytes, max_depth=cfg.max_depth,
+            max_frames=cfg.max_frames,
+            max_frame_bytes=cfg.max_frame_bytes,
+            max_body_bytes=cfg.max_body_bytes,
+            max_depth=cfg.max_depth,
         )
 
 

@@ -124,8 +124,19 @@ class Shutdown(Message):
 
 
 ErrorCode = Literal[
-    "frames", "too_large", "too_deep", "decode", "schema", "unknown_type", "version",
-    "overloaded", "unsupported", "handler", "timeout", "peer_dead", "shutting_down",
+    "frames",
+    "too_large",
+    "too_deep",
+    "decode",
+    "schema",
+    "unknown_type",
+    "version",
+    "overloaded",
+    "unsupported",
+    "handler",
+    "timeout",
+    "peer_dead",
+    "shutting_down",
 ]
 
 

@@ -47,9 +47,12 @@ def _time_arg(text: str | None, first_t: float | None) -> float | None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="replay_cmd", metavar="{list,show,export,send}")
-    for name, helptext in (("list", "one line per message"), ("show", "one message as JSON"),
-                           ("export", "write the selected messages' screenshots"),
-                           ("send", "re-send the selected messages to a live actor")):
+    for name, helptext in (
+        ("list", "one line per message"),
+        ("show", "one message as JSON"),
+        ("export", "write the selected messages' screenshots"),
+        ("send", "re-send the selected messages to a live actor"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("logs", nargs="+", metavar="LOG", help="segment file(s) or directories")
         if name == "show":
@@ -67,8 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             p.add_argument("--out", required=True, help="output directory")
         if name == "send":
             p.add_argument("--to", required=True, metavar="ENDPOINT", help="e.g. tcp://127.0.0.1:5555")
-            p.add_argument("--speed", type=float, default=1.0,
-                           help="timing: 1 = as recorded, 10 = ten times faster, 0 = as fast as possible")
+            p.add_argument(
+                "--speed",
+                type=float,
+                default=1.0,
+                help="timing: 1 = as recorded, 10 = ten times faster, 0 = as fast as possible",
+            )
             p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for replies at the end")
 
 
@@ -77,8 +84,12 @@ def _select(reader: LogReader, args: argparse.Namespace) -> list[Record]:
     records = sorted(reader, key=lambda r: r.t)
     first_t = records[0].t if records else None
     flt = RecordFilter(
-        types=set(args.type) if args.type else None, episode=args.episode, actor=args.actor,
-        direction=args.dir, since=_time_arg(args.since, first_t), until=_time_arg(args.until, first_t),
+        types=set(args.type) if args.type else None,
+        episode=args.episode,
+        actor=args.actor,
+        direction=args.dir,
+        since=_time_arg(args.since, first_t),
+        until=_time_arg(args.until, first_t),
     )
     return [r for r in records if flt.match(r)]
 
@@ -87,8 +98,10 @@ def _line(r: Record) -> str:
     when = dt.datetime.fromtimestamp(r.t, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
     ep = r.body.get("episode_id", "")
     extra = f" episode={ep}" if ep else ""
-    return (f"{r.index:>6} {when} {r.actor:<12} {r.direction:<3} {r.sock:<12} {r.type or '?':<20} "
-            f"from={r.header.get('sender', '?')} blobs={len(r.blobs)}{extra}")
+    return (
+        f"{r.index:>6} {when} {r.actor:<12} {r.direction:<3} {r.sock:<12} {r.type or '?':<20} "
+        f"from={r.header.get('sender', '?')} blobs={len(r.blobs)}{extra}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,8 +30,13 @@ class ReplayReport:
     unanswered: int = 0
 
     def as_dict(self) -> dict:
-        return {"sent": self.sent, "replies": dict(self.replies), "errors": dict(self.errors),
-                "undecodable": self.undecodable, "unanswered": self.unanswered}
+        return {
+            "sent": self.sent,
+            "replies": dict(self.replies),
+            "errors": dict(self.errors),
+            "undecodable": self.undecodable,
+            "unanswered": self.unanswered,
+        }
 
 
 def replay_to(

@@ -27,9 +27,22 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def test_demo_end_to_end(tmp_path):
-    cmd = [*GUIRL, "demo", "--set", f"run.root_dir={tmp_path}", "--set", "demo.workers=2",
-           "--set", "demo.episodes=2", "--set", "demo.steps=4", "--set", "logging.level=WARNING",
-           "--set", "runtime.heartbeat_interval_s=0.25"]
+    cmd = [
+        *GUIRL,
+        "demo",
+        "--set",
+        f"run.root_dir={tmp_path}",
+        "--set",
+        "demo.workers=2",
+        "--set",
+        "demo.episodes=2",
+        "--set",
+        "demo.steps=4",
+        "--set",
+        "logging.level=WARNING",
+        "--set",
+        "runtime.heartbeat_interval_s=0.25",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(WANDB_KEY="sekret-123"))
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
@@ -43,33 +56,77 @@ def test_demo_end_to_end(tmp_path):
     assert "sekret-123" not in config  # secrets never reach the run directory
     assert tomllib.loads(config)["demo"]["steps"] == 4
     assert "SIGKILLed the broker" in out.stdout and "restarted the broker" in out.stdout
-    listed = subprocess.run([sys.executable, str(ROOT / "bin" / "replay"), str(run_dir / "msglogs"), "--type",
-                             "episode_ended", "--dir", "in"], capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bin" / "replay"),
+            str(run_dir / "msglogs"),
+            "--type",
+            "episode_ended",
+            "--dir",
+            "in",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert listed.returncode == 0 and len(listed.stdout.strip().splitlines()) == 4
 
 
 def test_config_errors_are_clear():
-    bad = subprocess.run([*GUIRL, "config", "show", "--set", "runtime.heartbeat_interval_s=-1"],
-                         capture_output=True, text=True, timeout=60, env=_env())
+    bad = subprocess.run(
+        [*GUIRL, "config", "show", "--set", "runtime.heartbeat_interval_s=-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert bad.returncode == 2 and "runtime.heartbeat_interval_s" in bad.stderr and "--set" in bad.stderr
-    typo = subprocess.run([*GUIRL, "config", "show", "--set", "runtime.heartbeat_intervall=1"],
-                          capture_output=True, text=True, timeout=60, env=_env())
+    typo = subprocess.run(
+        [*GUIRL, "config", "show", "--set", "runtime.heartbeat_intervall=1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
     assert typo.returncode == 2 and "heartbeat_intervall" in typo.stderr
-    env_bad = subprocess.run([*GUIRL, "config", "show"], capture_output=True, text=True, timeout=60,
-                             env=_env(NUM_GPUS="eight"))
+    env_bad = subprocess.run(
+        [*GUIRL, "config", "show"], capture_output=True, text=True, timeout=60, env=_env(NUM_GPUS="eight")
+    )
     assert env_bad.returncode == 2 and "NUM_GPUS" in env_bad.stderr
-    good = subprocess.run([*GUIRL, "config", "show"], capture_output=True, text=True, timeout=60,
-                          env=_env(GUI_POOL_MAX_ENVS="16"))
+    good = subprocess.run(
+        [*GUIRL, "config", "show"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(GUI_POOL_MAX_ENVS="16"),
+    )
     assert good.returncode == 0 and tomllib.loads(good.stdout)["env"]["max_envs"] == 16
-    described = subprocess.run([*GUIRL, "config", "show", "--describe"], capture_output=True, text=True,
-                               timeout=60, env=_env())
+    described = subprocess.run(
+        [*GUIRL, "config", "show", "--describe"], capture_output=True, text=True, timeout=60, env=_env()
+    )
     assert "[env HF_CKPT]" in described.stdout and "runtime.heartbeat_liveness" in described.stdout
 
 
 def test_actor_run_serves_until_sigterm():
-    proc = subprocess.Popen([*GUIRL, "actor", "run", "guirl.actors.echo:EchoActor", "--name", "echo",
-                             "--bind", "tcp://127.0.0.1:0", "--set", "logging.level=WARNING"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = subprocess.Popen(
+        [
+            *GUIRL,
+            "actor",
+            "run",
+            "guirl.actors.echo:EchoActor",
+            "--name",
+            "echo",
+            "--bind",
+            "tcp://127.0.0.1:0",
+            "--set",
+            "logging.level=WARNING",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     try:
         ready = json.loads(proc.stdout.readline())
         assert ready["ready"] == "echo"

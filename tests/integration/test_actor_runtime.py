@@ -39,8 +39,9 @@ def test_request_reply_round_trips(transport, tmp_path):
                 assert reply.text == f"n{i}" and reply.sizes == [len(payload)]
                 assert bytes(reply.blobs[0]) == payload
             # concurrent requests are correlated by id, whatever order the replies come in
-            replies = await asyncio.gather(*(
-                conn.request(Echo(text=str(i), delay_s=0.01 * (10 - i)), timeout=10) for i in range(10)))
+            replies = await asyncio.gather(
+                *(conn.request(Echo(text=str(i), delay_s=0.01 * (10 - i)), timeout=10) for i in range(10))
+            )
             assert [r.text for r in replies] == [str(i) for i in range(10)]
             stats = await conn.request(StatsRequest())
             assert isinstance(stats, StatsReply) and stats.actor == "echo"
@@ -54,7 +55,9 @@ def test_request_timeout_and_handler_error():
 
     async def main():
         async with Supervisor(cfg) as sup, client_actor(cfg) as client:
-            spec = ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], options={"fail_on": "boom"})
+            spec = ActorSpec(
+                name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], options={"fail_on": "boom"}
+            )
             echo = await sup.start(spec)
             conn = client.connect("echo", echo.endpoints[0], DiagChannel)
             with pytest.raises(RequestTimeout, match="within 0.3 s"):
@@ -79,8 +82,10 @@ def test_sigkill_detected_within_liveness_and_pending_requests_fail():
             echo = await sup.start(ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"]))
             conn = client.connect("echo", echo.endpoints[0], DiagChannel)
             await conn.wait_alive(10)
-            pending = [asyncio.create_task(conn.request(Echo(text="never", delay_s=60), timeout=60))
-                       for _ in range(3)]
+            pending = [
+                asyncio.create_task(conn.request(Echo(text="never", delay_s=60), timeout=60))
+                for _ in range(3)
+            ]
             await asyncio.sleep(0)  # let the requests go out
             loop = asyncio.get_running_loop()
             sup.kill("echo")
@@ -134,7 +139,8 @@ def test_overload_is_answered_and_counted():
             conn = client.connect("echo", echo.endpoints[0], DiagChannel)
             results = await asyncio.gather(
                 *(conn.request(Echo(text=str(i), delay_s=0.2), timeout=30) for i in range(12)),
-                return_exceptions=True)
+                return_exceptions=True,
+            )
             overloaded = [r for r in results if isinstance(r, RemoteError) and r.code == "overloaded"]
             served = [r for r in results if isinstance(r, EchoReply)]
             assert overloaded and served and len(overloaded) + len(served) == 12
@@ -167,8 +173,11 @@ def test_reply_to_departed_peer_is_counted_as_unroutable():
 
 def _actor_processes() -> list[psutil.Process]:
     """Our child processes, except multiprocessing's own resource tracker (shared by all spawns)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())]
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "resource_tracker" not in " ".join(p.cmdline())
+    ]
 
 
 def _port_free(endpoint: str) -> bool:
@@ -189,8 +198,9 @@ def test_graceful_shutdown_drains_and_leaves_nothing_behind(how, tmp_path):
 
     async def main():
         async with Supervisor(cfg) as sup, client_actor(cfg) as client:
-            echo = await sup.start(ActorSpec(name="echo", target=ECHO,
-                                             bind=["tcp://127.0.0.1:0", f"ipc://{ipc_path}"]))
+            echo = await sup.start(
+                ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0", f"ipc://{ipc_path}"])
+            )
             proc = psutil.Process(echo.pid)
             conn = client.connect("echo", echo.endpoints[0], DiagChannel)
             in_flight = asyncio.create_task(conn.request(Echo(text="drained", delay_s=0.5), timeout=30))
@@ -218,8 +228,9 @@ def test_supervisor_restarts_crashes_then_gives_up():
 
     async def main():
         async with Supervisor(cfg) as sup, client_actor(cfg) as client:
-            echo = await sup.start(ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"],
-                                             options={"crash_on": "crash"}))
+            echo = await sup.start(
+                ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], options={"crash_on": "crash"})
+            )
             conn = client.connect("echo", echo.endpoints[0], DiagChannel)
             for n in range(3):
                 await conn.wait_alive(30)

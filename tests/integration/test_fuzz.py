@@ -55,26 +55,64 @@ ENC = msgspec.msgpack.encode
 Ext = msgspec.msgpack.Ext
 
 PLAN = {
-    "random_bytes": 1500, "random_frames": 1000, "frame_count": 600, "too_large": 400, "too_deep": 400,
-    "deep_schema": 300, "wrong_types": 900, "unknown_tag": 700, "non_utf8": 700, "version": 400,
-    "blob_refs": 700, "no_delimiter": 600, "fake_routing": 300, "mutation": 2500,
+    "random_bytes": 1500,
+    "random_frames": 1000,
+    "frame_count": 600,
+    "too_large": 400,
+    "too_deep": 400,
+    "deep_schema": 300,
+    "wrong_types": 900,
+    "unknown_tag": 700,
+    "non_utf8": 700,
+    "version": 400,
+    "blob_refs": 700,
+    "no_delimiter": 600,
+    "fake_routing": 300,
+    "mutation": 2500,
 }
 TARGET = {  # the code a targeted category must produce (the others may produce anything)
-    "frame_count": "frames", "too_large": "too_large", "too_deep": "too_deep", "deep_schema": "schema",
-    "wrong_types": "schema", "unknown_tag": "unknown_type", "non_utf8": "decode", "version": "version",
+    "frame_count": "frames",
+    "too_large": "too_large",
+    "too_deep": "too_deep",
+    "deep_schema": "schema",
+    "wrong_types": "schema",
+    "unknown_tag": "unknown_type",
+    "non_utf8": "decode",
+    "version": "version",
     "no_delimiter": "frames",
 }
 DIAG_TAGS = {"heartbeat", "shutdown", "error_reply", "stats_request", "stats_reply", "echo", "echo_reply"}
-OTHER_TAGS = ["register", "episode_assignment", "trajectory", "weights_published", "Echo", "ECHO", "echo ",
-              "", "echo\x00", "echo_", "policy_request", "step_score"]
+OTHER_TAGS = [
+    "register",
+    "episode_assignment",
+    "trajectory",
+    "weights_published",
+    "Echo",
+    "ECHO",
+    "echo ",
+    "",
+    "echo\x00",
+    "echo_",
+    "policy_request",
+    "step_score",
+]
 WRONG = {  # Echo field -> values of a wrong type for it (an int is a valid float, so not for delay_s)
     "text": [1, 1.5, True, None, [], {}, b"x", ["hi"]],
     "delay_s": ["x", "0.0", True, None, [], {}, b"x"],
     "return_blobs": [1, 0, "true", None, 1.0, [], {}],
     "blobs": ["x", 1, {}, {"a": 1}, [1], ["s"], [None], b"x", True],
 }
-BAD_UTF8 = [b"\xff", b"\xfe\xff", b"\xc3\x28", b"\xa0\xa1", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80",
-            b"\xc0\xaf", b"\xf4\x90\x80\x80", b"\xe2\x82"]
+BAD_UTF8 = [
+    b"\xff",
+    b"\xfe\xff",
+    b"\xc3\x28",
+    b"\xa0\xa1",
+    b"\xed\xa0\x80",
+    b"\xf8\x88\x80\x80\x80",
+    b"\xc0\xaf",
+    b"\xf4\x90\x80\x80",
+    b"\xe2\x82",
+]
 INTERESTING = [0x00, 0x01, 0x7F, 0x80, 0xC0, 0xC1, 0xCB, 0xD9, 0xDC, 0xDD, 0xDE, 0xDF, 0xFF]
 ECHO_PREFIX = b"\x82\xa4type\xa4echo"  # a two-entry map starting {"type": "echo", ...
 
@@ -102,10 +140,14 @@ class Case:
     text: str = ""  # for a valid Echo: the text echoed
 
     def describe(self) -> str:
-        parts = [bytes(memoryview(f)[:20]).hex() + ("…" if memoryview(f).nbytes > 20 else "")
-                 for f in self.frames[:6]]
-        return (f"case {self.index} [{self.category}] expects {self.code or 'EchoReply'} "
-                f"reply_to={self.reply_to!r} route={self.route!r}; {len(self.frames)} frames {parts}")
+        parts = [
+            bytes(memoryview(f)[:20]).hex() + ("…" if memoryview(f).nbytes > 20 else "")
+            for f in self.frames[:6]
+        ]
+        return (
+            f"case {self.index} [{self.category}] expects {self.code or 'EchoReply'} "
+            f"reply_to={self.reply_to!r} route={self.route!r}; {len(self.frames)} frames {parts}"
+        )
 
 
 class Fuzzer:
@@ -117,8 +159,9 @@ class Fuzzer:
         self.oracle = Codec(limits)
         self.codec = Codec(limits)
         huge = 2**31  # an encoder that writes what the actor must refuse
-        self.loose = Codec(CodecLimits(max_frames=huge, max_frame_bytes=huge, max_body_bytes=huge,
-                                       max_depth=huge))
+        self.loose = Codec(
+            CodecLimits(max_frames=huge, max_frame_bytes=huge, max_body_bytes=huge, max_depth=huge)
+        )
         counter = itertools.count()
         self.ids = lambda: f"fuzz{seed}-{next(counter)}"  # deterministic, unlike IdGen's random prefix
         self.big = self.rng.randbytes(limits.max_frame_bytes + 4096)
@@ -144,7 +187,7 @@ class Fuzzer:
         else:
             route = [bytes(f) for f in sent[:split]]
             try:
-                header, msg = self.oracle.decode(sent[split + 1:], DiagChannel)
+                header, msg = self.oracle.decode(sent[split + 1 :], DiagChannel)
             except CodecError as exc:
                 case = Case(index, category, sent, exc.code, exc.header.msg_id if exc.header else "", route)
             else:
@@ -221,11 +264,13 @@ class Fuzzer:
 
     def _deep_schema(self) -> list[Any]:
         nested = self.nesting(self.rng.randint(self.limits.max_depth + 1, 5_000))
-        body = self.rng.choice([
-            ECHO_PREFIX + b"\xa4text" + nested,
-            b"\x83\xa4type\xabstats_reply\xa5actor\xa1a\xa8counters\x81\xa1k" + nested,
-            b"\x82\xa4type\xa9heartbeat\xa8inflight" + nested,
-        ])
+        body = self.rng.choice(
+            [
+                ECHO_PREFIX + b"\xa4text" + nested,
+                b"\x83\xa4type\xabstats_reply\xa5actor\xa1a\xa8counters\x81\xa1k" + nested,
+                b"\x82\xa4type\xa9heartbeat\xa8inflight" + nested,
+            ]
+        )
         return [b"", ENC(self.header()), body]
 
     def _wrong_types(self) -> list[Any]:
@@ -235,14 +280,18 @@ class Fuzzer:
                 name = r.choice(list(WRONG))
                 body: Any = {"type": "echo", "text": "hi", name: r.choice(WRONG[name])}
             case 2:
-                body = r.choice([
-                    {"type": "heartbeat", "inflight": "x"}, {"type": "heartbeat", "incarnation": 7},
-                    {"type": "stats_reply", "actor": "a", "counters": {"x": "y"}},
-                    {"type": "stats_reply", "actor": 1, "counters": {}}, {"type": "stats_reply"},
-                    {"type": "error_reply", "code": "nope", "message": "m"},
-                    {"type": "shutdown", "reason": 1},
-                    {"type": "echo_reply", "sizes": ["x"]},
-                ])
+                body = r.choice(
+                    [
+                        {"type": "heartbeat", "inflight": "x"},
+                        {"type": "heartbeat", "incarnation": 7},
+                        {"type": "stats_reply", "actor": "a", "counters": {"x": "y"}},
+                        {"type": "stats_reply", "actor": 1, "counters": {}},
+                        {"type": "stats_reply"},
+                        {"type": "error_reply", "code": "nope", "message": "m"},
+                        {"type": "shutdown", "reason": 1},
+                        {"type": "echo_reply", "sizes": ["x"]},
+                    ]
+                )
             case _:  # not a map at all
                 body = r.choice([[1, 2], 7, "echo", None, 1.5, b"\x00", [{"type": "echo"}]])
         return [b"", ENC(self.header()), ENC(body)]
@@ -325,7 +374,7 @@ class Fuzzer:
                     bit = r.randrange(len(f) * 8)
                     f[bit // 8] ^= 1 << (bit % 8)
             elif op == 3:
-                del f[r.randrange(len(f) + 1):]
+                del f[r.randrange(len(f) + 1) :]
             elif op == 4:
                 f.insert(r.randrange(len(f) + 1), r.randrange(256))
             elif op == 5 and f:
@@ -389,8 +438,10 @@ class Flood:
         timeout = min(REPLY_TIMEOUT_S, self.deadline - time.monotonic())
         if timeout <= 0 or not self.sock.poll(int(timeout * 1000)):
             oldest = self.errors[0].describe() if self.errors else f"valid Echos {list(self.echoes)[:3]}"
-            raise AssertionError(f"no reply within {timeout:.1f} s, {self.outstanding} unanswered "
-                                 f"({self.actor_state()}); oldest: {oldest}")
+            raise AssertionError(
+                f"no reply within {timeout:.1f} s, {self.outstanding} unanswered "
+                f"({self.actor_state()}); oldest: {oldest}"
+            )
         while True:
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK)
@@ -404,7 +455,7 @@ class Flood:
             raise AssertionError(f"reply without a delimiter: {frames!r:.300}")
         split = frames.index(b"")
         try:
-            return frames[:split], *self.codec.decode(frames[split + 1:], DiagChannel)
+            return frames[:split], *self.codec.decode(frames[split + 1 :], DiagChannel)
         except CodecError as exc:
             raise AssertionError(f"undecodable reply ({exc.code}: {exc}): {frames!r:.300}") from None
 
@@ -416,8 +467,10 @@ class Flood:
             case ErrorReply(code=code) if self.errors:
                 case = self.errors.popleft()
                 if (code, header.reply_to, route) != (case.code, case.reply_to, case.route):
-                    raise AssertionError(f"{case.describe()}\n  but got ErrorReply(code={code!r}, reply_to="
-                                         f"{header.reply_to!r}, route={route!r}): {msg.message}")
+                    raise AssertionError(
+                        f"{case.describe()}\n  but got ErrorReply(code={code!r}, reply_to="
+                        f"{header.reply_to!r}, route={route!r}): {msg.message}"
+                    )
                 self.codes[code] += 1
             case EchoReply(text=text) if self.echoes[header.reply_to, text] > 0 and not route:
                 self.echoes[header.reply_to, text] -= 1
@@ -437,8 +490,9 @@ class Flood:
                 return reply
             if strict and not isinstance(reply, Heartbeat):
                 raise AssertionError(f"unexpected extra reply {reply!r} while waiting for a {want.__name__}")
-        raise AssertionError(f"no {want.__name__} to {type(msg).__name__} within {timeout} s "
-                             f"({self.actor_state()})")
+        raise AssertionError(
+            f"no {want.__name__} to {type(msg).__name__} within {timeout} s ({self.actor_state()})"
+        )
 
 
 @dataclass
@@ -506,8 +560,11 @@ def check_counters(out: Outcome) -> None:
     counted = {code: out.delta(f"dropped.{code}") for code in CODEC_CODES}
     answered = {code: flood.codes[code] for code in CODEC_CODES}
     assert counted == answered, f"drops counted {counted} differ from the ErrorReplies received {answered}"
-    inbound = sum(out.delta(k) for k in set(out.after) | set(out.before)
-                  if k.startswith("dropped.") and k not in OUTBOUND_DROPS)
+    inbound = sum(
+        out.delta(k)
+        for k in set(out.after) | set(out.before)
+        if k.startswith("dropped.") and k not in OUTBOUND_DROPS
+    )
     assert inbound == malformed, f"{inbound} drops counted for {malformed} malformed messages: {out.after}"
     assert out.delta("dropped.hwm") == 0, out.after
     assert out.delta("received") == flood.valid, (out.after, flood.valid)
@@ -520,9 +577,11 @@ def test_fuzz_flood_of_malformed_messages() -> None:
     flood = out.flood
     for category, codes in sorted(flood.by_category.items()):
         print(f"{category:>14}: {sum(codes.values()):5d}  {dict(codes.most_common())}")
-    print(f"sent {flood.sent} in {out.elapsed_s:.1f} s: {flood.valid} valid, errors {dict(flood.codes)}; "
-          f"RSS {out.rss_warm / 2**20:.1f} -> {out.rss_end / 2**20:.1f} MiB; drops "
-          f"{ {k: out.delta(k) for k in out.after if k.startswith('dropped.')} }")
+    print(
+        f"sent {flood.sent} in {out.elapsed_s:.1f} s: {flood.valid} valid, errors {dict(flood.codes)}; "
+        f"RSS {out.rss_warm / 2**20:.1f} -> {out.rss_end / 2**20:.1f} MiB; drops "
+        f"{ {k: out.delta(k) for k in out.after if k.startswith('dropped.')} }"
+    )
 
     assert sum(flood.codes.values()) >= 10_000, flood.codes
     assert all(flood.codes[code] > 0 for code in CODEC_CODES), flood.codes
@@ -530,7 +589,8 @@ def test_fuzz_flood_of_malformed_messages() -> None:
     # Keeping the bad frames would retain more than twice the bound, so this check can fail.
     assert out.bytes_after_warmup > 2 * MEMORY_BOUND, out.bytes_after_warmup
     assert out.rss_end - out.rss_warm < MEMORY_BOUND, (
-        f"actor RSS grew {(out.rss_end - out.rss_warm) / 2**20:.1f} MiB over the flood")
+        f"actor RSS grew {(out.rss_end - out.rss_warm) / 2**20:.1f} MiB over the flood"
+    )
 
 
 def test_fuzz_garbage_over_ipc(tmp_path: Any) -> None:

@@ -25,8 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def _received(log_dir: Path) -> list[tuple]:
     """What the echo actor received, in order: (type, text, blob hashes)."""
     reader = LogReader([log_dir])
-    out = [(r.type, r.body.get("text"), tuple(r.blobs)) for r in reader
-           if r.actor == "echo" and r.direction == "in"]
+    out = [
+        (r.type, r.body.get("text"), tuple(r.blobs))
+        for r in reader
+        if r.actor == "echo" and r.direction == "in"
+    ]
     assert reader.warnings == []
     return out
 
@@ -34,10 +37,14 @@ def _received(log_dir: Path) -> list[tuple]:
 def _record_exchange(cfg, run_dir: Path, screens: list[bytes]) -> None:
     async def main():
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            echo = await sup.start(ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], record=True))
+            echo = await sup.start(
+                ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], record=True)
+            )
             recorders = [Recorder(run_dir / "msglogs", f"client{i}", actor=f"client{i}") for i in range(2)]
-            async with client_actor(cfg, "client0", recorder=recorders[0]) as c0, \
-                    client_actor(cfg, "client1", recorder=recorders[1]) as c1:
+            async with (
+                client_actor(cfg, "client0", recorder=recorders[0]) as c0,
+                client_actor(cfg, "client1", recorder=recorders[1]) as c1,
+            ):
                 conns = [c.connect("echo", echo.endpoints[0], DiagChannel) for c in (c0, c1)]
                 for step, png in enumerate(screens):
                     # the two clients alternate, one request at a time, so the arrival order is known
@@ -63,14 +70,18 @@ def test_replay_reproduces_the_received_stream(tmp_path):
     assert len(hashes) == 3 and {reader.blob(h) for h in hashes} == set(distinct)
     echo_segments = sorted((tmp_path / "a" / "msglogs").glob("echo.*.msglog"))
     assert len(echo_segments) == 1
-    blob_records = [i for i in msgpack.Unpacker(open(echo_segments[0], "rb"), raw=False, strict_map_key=False)
-                    if isinstance(i, dict) and i.get("k") == "blob"]
+    blob_records = [
+        i
+        for i in msgpack.Unpacker(open(echo_segments[0], "rb"), raw=False, strict_map_key=False)
+        if isinstance(i, dict) and i.get("k") == "blob"
+    ]
     assert len(blob_records) == 3  # each screenshot written once
 
     async def replay_into_fresh_actor():
         async with Supervisor(cfg, run_dir=str(tmp_path / "b")) as sup:
-            fresh = await sup.start(ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"],
-                                              record=True))
+            fresh = await sup.start(
+                ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], record=True)
+            )
             selected = [r for r in records if r.actor == "echo" and r.direction == "in"]
             report = await asyncio.to_thread(replay_to, reader, selected, fresh.endpoints[0], speed=0)
             assert report.sent == 12 and report.replies["EchoReply"] == 12 and report.unanswered == 0
@@ -85,19 +96,25 @@ def test_replay_cli_and_truncated_log(tmp_path):
     _record_exchange(cfg, tmp_path, screens)
     logs = tmp_path / "msglogs"
     replay = [sys.executable, str(ROOT / "bin" / "replay")]
-    out = subprocess.run([*replay, str(logs), "--type", "echo", "--dir", "in"], capture_output=True,
-                         text=True, check=True)
+    out = subprocess.run(
+        [*replay, str(logs), "--type", "echo", "--dir", "in"], capture_output=True, text=True, check=True
+    )
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 4 and all(" echo " in line and "from=client" in line for line in lines)
     everything = subprocess.run([*replay, str(logs)], capture_output=True, text=True, check=True)
     n_all = len(everything.stdout.strip().splitlines())
     assert n_all == 16  # 4 requests and 4 replies, each recorded at both ends
     first = int(lines[0].split()[0])
-    shown = subprocess.run([*replay, "show", str(logs), "-n", str(first)], capture_output=True, text=True,
-                           check=True)
+    shown = subprocess.run(
+        [*replay, "show", str(logs), "-n", str(first)], capture_output=True, text=True, check=True
+    )
     assert '"text": "step 0"' in shown.stdout
-    exported = subprocess.run([*replay, "export", str(logs), "--type", "echo", "--dir", "in", "--out",
-                               str(tmp_path / "shots")], capture_output=True, text=True, check=True)
+    exported = subprocess.run(
+        [*replay, "export", str(logs), "--type", "echo", "--dir", "in", "--out", str(tmp_path / "shots")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "wrote 4 screenshots" in exported.stdout
     assert sorted(p.read_bytes() for p in (tmp_path / "shots").iterdir()) == sorted(screens)
 

@@ -224,8 +224,16 @@ def test_repeated_ref_does_not_hide_an_unreferenced_frame() -> None:
     ids=["other-code", "short-ref", "code-127"],
 )
 def test_unknown_or_malformed_ext_is_decode(ext: msgpack.ExtType) -> None:
-    for body in ({"type": "echo", "blobs": [ext]}, {"type": "episode_assignment", "episode_id": "e",
-                                                     "task_id": "t", "group_id": "g", "task": {"x": ext}}):
+    for body in (
+        {"type": "echo", "blobs": [ext]},
+        {
+            "type": "episode_assignment",
+            "episode_id": "e",
+            "task_id": "t",
+            "group_id": "g",
+            "task": {"x": ext},
+        },
+    ):
         err = decode_error(raw(body, b"blob"))
         assert err.code == "decode" and err.header == HEADER
 

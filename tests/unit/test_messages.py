@@ -291,8 +291,12 @@ def test_bad_tag_of_nested_union_is_schema_not_unknown_type() -> None:
     codec = Codec()
     hdr = codec.encode_header(make_header(IDS, "x"))
     for part in ({"text": "no tag"}, {"type": "video", "index": 0}):
-        body = {"type": "policy_request", "episode_id": "e", "step": 0,
-                "messages": [{"role": "user", "parts": [part]}]}
+        body = {
+            "type": "policy_request",
+            "episode_id": "e",
+            "step": 0,
+            "messages": [{"role": "user", "parts": [part]}],
+        }
         with pytest.raises(CodecError) as info:
             codec.decode([hdr, msgpack.packb(body)], ANY)
         assert info.value.code == "schema", part
@@ -384,11 +388,13 @@ def test_tensor_size_mismatch_raises_on_construction(dtype: str, shape: list[int
 
 def test_tensor_size_mismatch_on_decode_is_schema() -> None:
     codec = Codec()
-    body = msgpack.packb({
-        "type": "policy_response",
-        "text": "x",
-        "logprobs": {"dtype": "float32", "shape": [3], "data": msgpack.ExtType(BLOB_EXT, b"\0\0\0\0")},
-    })
+    body = msgpack.packb(
+        {
+            "type": "policy_response",
+            "text": "x",
+            "logprobs": {"dtype": "float32", "shape": [3], "data": msgpack.ExtType(BLOB_EXT, b"\0\0\0\0")},
+        }
+    )
     header = make_header(IDS, "a")
     with pytest.raises(CodecError) as info:
         codec.decode([codec.encode_header(header), body, bytes(8)], ANY)
@@ -431,8 +437,9 @@ def test_newer_sender_with_extra_field_still_decodes() -> None:
     _, msg = codec.decode([hdr, body], CHANNELS["diag"])
     assert msg == Heartbeat(inflight=4, incarnation="abc")
 
-    body = msgspec.msgpack.encode(EpisodeAssignmentV2(episode_id="e", task_id="t", task={}, group_id="g",
-                                                      priority=[1, 2]))
+    body = msgspec.msgpack.encode(
+        EpisodeAssignmentV2(episode_id="e", task_id="t", task={}, group_id="g", priority=[1, 2])
+    )
     _, msg = codec.decode([hdr, body], CHANNELS["coordinator"])
     assert msg == EpisodeAssignment(episode_id="e", task_id="t", task={}, group_id="g")
 
