@@ -1,0 +1,236 @@
+"""The server side of an actor: a ROUTER mailbox that decodes, answers control messages, queues
+requests for the handler tasks (bounded), tracks and heartbeats its peers, and routes replies.
+
+Every message that cannot be served is answered with an `ErrorReply` where the sender can be addressed,
+and always counted under `dropped.<reason>`: a flood of garbage costs counters, never the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import zmq
+
+from guirl.actors.zsock import AsyncSocket
+from guirl.messages import CodecError, Header, make_header
+from guirl.messages.types import ErrorReply, Heartbeat, Message, Shutdown, StatsRequest
+
+if TYPE_CHECKING:
+    from guirl.actors.base import Actor
+
+log = logging.getLogger(__name__)
+
+
+class Request:
+    """An inbound message awaiting its handler: who sent it, its header and its typed body."""
+
+    __slots__ = ("peer", "header", "msg", "received_at")
+
+    def __init__(self, peer: list[bytes], header: Header, msg: Message, received_at: float) -> None:
+        self.peer = peer  # routing ids to address the reply; peer[0] is the directly connected socket
+        self.header = header
+        self.msg = msg
+        self.received_at = received_at
+
+    @property
+    def peer_name(self) -> str:
+        return self.peer[0].decode("utf-8", "replace") if self.peer else ""
+
+
+def _delimiter(frames: list) -> int:
+    """Index of the empty frame that ends the routing ids, or -1."""
+    for i, f in enumerate(frames):
+        if len(f) == 0:
+            return i
+    return -1
+
+
+class Mailbox:
+    """The bound ROUTER socket of one actor and everything that serves it."""
+
+    def __init__(self, actor: Actor, endpoints: list[str]) -> None:
+        self.actor = actor
+        rt = actor.runtime
+        sock = actor.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # unroutable replies raise (and are counted), not vanish
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting peer with the same identity takes over
+        sock.setsockopt(zmq.SNDHWM, rt.sndhwm)
+        sock.setsockopt(zmq.RCVHWM, rt.rcvhwm)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, actor.limits.max_frame_bytes * 2)
+        self.endpoints: list[str] = []  # as actually bound (a tcp port 0 resolved)
+        try:
+            for ep in endpoints:
+                if ep.startswith("tcp://") and ep.endswith((":0", ":*")):
+                    base = ep.rsplit(":", 1)[0]
+                    ep = f"{base}:{sock.bind_to_random_port(base)}"
+                else:
+                    sock.bind(ep)
+                self.endpoints.append(ep)
+        except zmq.ZMQError:
+            sock.close(linger=0)
+            raise
+        self.sock = AsyncSocket(sock, self._on_frames, actor.crash, "mailbox")
+        self.peers: dict[bytes, float] = {}  # directly connected peer id -> last heard (loop time)
+        self.inbox: asyncio.Queue[Request] = asyncio.Queue(maxsize=rt.inbox_max)
+        self.active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- inbound ---------------------------------------------------------------------------------------
+
+    def _on_frames(self, frames: list) -> None:
+        """One inbound message, straight from the socket callback: control messages are answered here,
+        the rest queued (bounded) for the handler tasks."""
+        a = self.actor
+        now = a.loop.time()
+        a.counters["frames_in"] += 1
+        split = 1 if len(frames) > 1 and len(frames[1]) == 0 else _delimiter(frames)
+        if split < 0:
+            self._reject([frames[0].bytes], None, CodecError("frames", "no empty delimiter frame"))
+            return
+        peer = [f.bytes for f in frames[:split]]
+        if not peer:
+            a.counters["dropped.frames"] += 1
+            return
+        self._touch(peer[0], now)
+        try:
+            header, msg = a.codec.decode(frames[split + 1 :], a.channel)
+        except CodecError as exc:
+            self._reject(peer, exc.header, exc)
+            return
+        match msg:
+            case Heartbeat(leaving=True):
+                if self.peers.pop(peer[0], None) is not None:
+                    a.counters["peers.left"] += 1
+                    log.info("mailbox peer %r left", peer[0].decode("utf-8", "replace"))
+                return
+            case Heartbeat():
+                return
+            case StatsRequest():
+                self.send(peer, a.stats(), reply_to=header.msg_id)
+                return
+            case Shutdown(reason=reason):
+                a.request_shutdown(reason or f"Shutdown from {peer[0]!r}")
+                return
+        a.counters["received"] += 1
+        if a.recorder is not None:
+            a.record("in", "mailbox", peer[0], [f.buffer for f in frames[split + 1 :]], msg)
+        if a.stopping:
+            err = ErrorReply(code="shutting_down", message=f"{a.name} is shutting down", retryable=True)
+            self.send(peer, err, reply_to=header.msg_id)
+            return
+        try:
+            self.inbox.put_nowait(Request(peer, header, msg, now))
+            self._idle.clear()
+        except asyncio.QueueFull:
+            a.counters["dropped.overloaded"] += 1
+            err = ErrorReply(code="overloaded", message=f"{a.name}'s inbox is full", retryable=True)
+            self.send(peer, err, reply_to=header.msg_id)
+
+    def _touch(self, ident: bytes, now: float) -> None:
+        if ident not in self.peers:
+            self.actor.counters["peers.joined"] += 1
+            # answer a new peer at once, so a (re)connecting client learns we are alive without waiting
+            self.send([ident], Heartbeat(incarnation=self.actor.incarnation))
+        self.peers[ident] = now
+
+    def _reject(self, peer: list[bytes], header: Header | None, exc: CodecError) -> None:
+        self.actor.counters[f"dropped.{exc.code}"] += 1
+        self.actor.log_drop(peer[0].decode("utf-8", "replace") if peer else "?", exc)
+        if peer:
+            err = ErrorReply(code=exc.code, message=str(exc)[:500])
+            self.send(peer, err, reply_to=header.msg_id if header else "")
+
+    # -- handlers --------------------------------------------------------------------------------------
+
+    async def worker(self) -> None:
+        """One of `max_concurrency` handler tasks."""
+        a, inbox = self.actor, self.inbox
+        while True:
+            req = await inbox.get()
+            self.active += 1
+            try:
+                reply = await a.handle(req)
+            except Exception as exc:  # a handler bug answers the requester; the actor stays up
+                a.counters["handler_errors"] += 1
+                log.exception("handler failed on %s from %s", type(req.msg).__name__, req.peer_name)
+                reply = ErrorReply(code="handler", message=f"{type(exc).__name__}: {exc}"[:500])
+            finally:
+                self.active -= 1
+            if reply is not None:
+                self.send(req.peer, reply, reply_to=req.header.msg_id)
+            # Drop our references now: an idle worker must not pin its last message's frames (a
+            # screenshot each, up to max_concurrency of them), or every new message lands in fresh,
+            # page-faulting memory.
+            req = reply = None
+            a.counters["handled"] += 1
+            if not self.active and inbox.empty():
+                self._idle.set()
+
+    async def drain(self, timeout: float) -> None:
+        """Let queued and in-flight requests finish, up to `timeout` seconds."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.active or not self.inbox.empty():
+                    self._idle.clear()
+                    await self._idle.wait()
+        except TimeoutError:
+            n = self.active + self.inbox.qsize()
+            log.warning("shutdown: %d requests still in flight after %.1f s; abandoning them", n, timeout)
+
+    # -- outbound --------------------------------------------------------------------------------------
+
+    def send(self, peer: list[bytes], msg: Message, *, reply_to: str = "") -> bool:
+        """Route `msg` to `peer`. Returns False, and counts why, when it cannot go out."""
+        a, sock = self.actor, self.sock
+        if sock.closed:
+            return False
+        header = make_header(a.ids, a.name, policy_version=a.policy_version, reply_to=reply_to)
+        try:
+            body = a.codec.encode(header, msg)
+        except CodecError as exc:
+            a.counters[f"dropped.out_{exc.code}"] += 1
+            log.error("cannot send %s: %s", type(msg).__name__, exc)
+            return False
+        try:
+            if not sock.try_send([*peer, b"", *body]):
+                a.counters["dropped.hwm"] += 1
+                return False
+        except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
+            a.counters["dropped.unroutable"] += 1
+            log.debug("unroutable message to %r: %s", peer[0], exc)
+            return False
+        if not isinstance(msg, Heartbeat):
+            a.counters["sent"] += 1
+            a.record("out", "mailbox", peer[0], body, msg)
+        return True
+
+    def tick(self, now: float) -> None:
+        """Every heartbeat interval: declare silent peers dead, heartbeat the others."""
+        a, rt = self.actor, self.actor.runtime
+        limit = rt.heartbeat_interval_s * rt.heartbeat_liveness
+        beat = Heartbeat(inflight=self.active, incarnation=a.incarnation)
+        for ident, last_seen in list(self.peers.items()):
+            if now - last_seen > limit:
+                del self.peers[ident]
+                a.counters["peers.dead"] += 1
+                name = ident.decode("utf-8", "replace")
+                log.warning(
+                    "mailbox peer %r missed %d heartbeats; declared dead", name, rt.heartbeat_liveness
+                )
+                a.on_peer_dead(name, TimeoutError(f"{name} silent for {now - last_seen:.2f} s"))
+            else:
+                self.send([ident], beat)
+
+    def close(self) -> None:
+        self.sock.close()
+        for ep in self.endpoints:  # libzmq leaves ipc socket files behind; they are ours to remove
+            path = ep[len("ipc://") :] if ep.startswith("ipc://") else ""
+            if path and not path.startswith("@") and os.path.exists(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
