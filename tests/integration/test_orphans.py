@@ -1,0 +1,61 @@
+"""Actors die with their supervisor, even when the supervisor is SIGKILLed (no orphaned actor processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SUPERVISOR = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    import uvloop
+    from guirl.actors.process import ActorSpec
+    from guirl.actors.supervisor import Supervisor
+    from tests.helpers import fast_config
+
+    async def main():
+        sup = Supervisor(fast_config())
+        handles = [await sup.start(ActorSpec(name=f"echo{i}", target="guirl.actors.echo:EchoActor",
+                                             bind=["tcp://127.0.0.1:0"])) for i in range(2)]
+        print(json.dumps([h.pid for h in handles]), flush=True)
+        await asyncio.Event().wait()  # until killed
+
+    if __name__ == "__main__":
+        uvloop.run(main())
+    """
+)
+
+
+def test_actors_exit_when_their_supervisor_is_killed(tmp_path):
+    script = tmp_path / "sup.py"
+    script.write_text(SUPERVISOR)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    actors: list[psutil.Process] = []
+    try:
+        actors = [psutil.Process(pid) for pid in json.loads(proc.stdout.readline())]
+        assert len(actors) == 2 and all(a.is_running() for a in actors)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        _, alive = psutil.wait_procs(actors, timeout=30)
+        assert alive == [], f"orphaned actors: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for a in actors:
+            if a.is_running():
+                a.kill()
