@@ -46,7 +46,7 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
         max_steps=d.steps,
         runtime=cfg.runtime,
         codec=cfg.codec,
-        bind=["tcp://127.0.0.1:0"],
+        bind=[cfg.endpoints.coordinator],
         recorder=Recorder(logs, "coordinator", actor="coordinator", rotate_bytes=cfg.recorder.rotate_bytes),
     )
     coord_ready = asyncio.Event()
@@ -56,7 +56,7 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
     async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
         broker = await sup.start(
             ActorSpec(
-                name="broker", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"], record=True
+                name="broker", target="guirl.actors.echo:EchoActor", bind=[cfg.endpoints.broker], record=True
             )
         )
         options = {

@@ -25,6 +25,22 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base random seed; each actor derives its own from it."""
 
 
+Endpoint = Annotated[str, Meta(pattern=r"^(tcp://[^\s]+:(\d+|\*)|ipc://[^\s]+)$")]
+
+
+class EndpointsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Where each actor's mailbox binds: `tcp://HOST:PORT` (port 0 = a random free port) or `ipc://PATH`."""
+
+    coordinator: Endpoint = "tcp://127.0.0.1:0"
+    """Mailbox of the coordinator (workers pull episodes from it)."""
+    broker: Endpoint = "tcp://127.0.0.1:0"
+    """Mailbox of the inference broker (workers send policy requests to it)."""
+    prm: Endpoint = "tcp://127.0.0.1:0"
+    """Mailbox of the PRM judge actor."""
+    learner: Endpoint = "tcp://127.0.0.1:0"
+    """Mailbox of the learner (trajectories go to it)."""
+
+
 class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Actor runtime: heartbeats, reconnection, queues and shutdown."""
 
@@ -207,6 +223,8 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Run identity and directory."""
     runtime: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     """Actor runtime settings."""
+    endpoints: EndpointsConfig = msgspec.field(default_factory=EndpointsConfig)
+    """Mailbox endpoints of the actors."""
     codec: CodecConfig = msgspec.field(default_factory=CodecConfig)
     """Wire codec limits."""
     recorder: RecorderConfig = msgspec.field(default_factory=RecorderConfig)

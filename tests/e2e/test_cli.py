@@ -42,6 +42,8 @@ def test_demo_end_to_end(tmp_path):
         "logging.level=WARNING",
         "--set",
         "runtime.heartbeat_interval_s=0.25",
+        "--set",  # endpoints come from config; an ipc mailbox survives the broker's restart too
+        f"endpoints.broker=ipc://{tmp_path}/broker.sock",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(WANDB_KEY="sekret-123"))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -55,6 +57,7 @@ def test_demo_end_to_end(tmp_path):
     config = (run_dir / "config.toml").read_text()
     assert "sekret-123" not in config  # secrets never reach the run directory
     assert tomllib.loads(config)["demo"]["steps"] == 4
+    assert not (tmp_path / "broker.sock").exists()  # the ipc socket file is gone with the broker
     assert "SIGKILLed the broker" in out.stdout and "restarted the broker" in out.stdout
     listed = subprocess.run(
         [
