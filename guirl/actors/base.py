@@ -63,7 +63,8 @@ class Actor:
         self.ctx: zmq.Context | None = None
         self.mailbox: Mailbox | None = None
         self._stop = asyncio.Event()
-        self._stop_reason = ""
+        self.stop_reason = ""
+        self.completed = False  # main() returned: the actor finished its work
         self._drop_log_at = 0.0
         self._fatal: BaseException | None = None
         self._pushes: asyncio.Queue | None = None
@@ -105,7 +106,7 @@ class Actor:
 
     def request_shutdown(self, reason: str = "") -> None:
         if not self._stop.is_set():
-            self._stop_reason = reason
+            self.stop_reason = reason
             log.info("shutdown requested: %s", reason or "no reason given")
             self._stop.set()
 
@@ -126,42 +127,49 @@ class Actor:
 
     # -- running -----------------------------------------------------------------------------------
 
-    async def run(self, ready: Any = None) -> None:
-        """Run until shutdown. `ready(endpoints)` is called once the mailbox is bound and setup is done."""
+    async def run(self, ready: Any = None, *, handle_signals: bool = False) -> None:
+        """Run until shutdown. `ready(endpoints)` is called once the mailbox is bound and setup is done.
+        With `handle_signals` (the actor owns its process), SIGTERM and SIGINT request a shutdown."""
         self.loop = asyncio.get_running_loop()
         self.ctx = zmq.Context()
         self._pushes = asyncio.Queue(maxsize=self.runtime.inbox_max)
+        signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         try:
             if self.bind_endpoints:
                 self.mailbox = Mailbox(self, self.bind_endpoints)
                 self.endpoints = self.mailbox.endpoints
-            try:
-                self.loop.add_signal_handler(signal.SIGTERM, self.request_shutdown, "SIGTERM")
-                self.loop.add_signal_handler(signal.SIGINT, self.request_shutdown, "SIGINT")
-            except (RuntimeError, ValueError):  # not the main thread: the launcher handles signals
-                pass
+            for sig in signals:
+                self.loop.add_signal_handler(sig, self.request_shutdown, sig.name)
             async with asyncio.TaskGroup() as tg:
-                await self.setup()
                 tasks = [
                     tg.create_task(self._heartbeat_loop(), name="heartbeat"),
                     tg.create_task(self._push_loop(), name="pushes"),
                 ]
-                if self.mailbox is not None:
-                    tasks += [
-                        tg.create_task(self.mailbox.worker(), name=f"worker{i}")
-                        for i in range(self.runtime.max_concurrency)
-                    ]
-                tasks.append(tg.create_task(self._run_main(), name="main"))
-                if ready is not None:
-                    ready(self.endpoints)
-                await self._stop.wait()
+                # setup may take long (a model to load): a shutdown request must not wait for it
+                setup = tg.create_task(self.setup(), name="setup")
+                stopped = tg.create_task(self._stop.wait(), name="stop")
+                await asyncio.wait([setup, stopped], return_when=asyncio.FIRST_COMPLETED)
+                serving = not self._stop.is_set()
+                if serving:
+                    if self.mailbox is not None:
+                        tasks += [
+                            tg.create_task(self.mailbox.worker(), name=f"worker{i}")
+                            for i in range(self.runtime.max_concurrency)
+                        ]
+                    tasks.append(tg.create_task(self._run_main(), name="main"))
+                    if ready is not None:
+                        ready(self.endpoints)
+                    await stopped
+                tasks.append(setup)
                 self.stopping = True
-                if self._fatal is None and self.mailbox is not None:
+                if serving and self._fatal is None and self.mailbox is not None:
                     await self.mailbox.drain(self.runtime.shutdown_timeout_s)
                 for t in tasks:
                     t.cancel()
         finally:
             self.stopping = True
+            for sig in signals:
+                self.loop.remove_signal_handler(sig)
             await self._close()
         if self._fatal is not None:
             raise self._fatal
@@ -175,8 +183,11 @@ class Actor:
         self.request_shutdown(f"internal error: {exc!r}")
 
     async def _run_main(self) -> None:
-        await self.main()
-        self.request_shutdown("main returned")
+        try:
+            await self.main()
+            self.completed = not self._stop.is_set()  # the default main just waits for a shutdown
+        finally:  # whatever ended main (return, error, a stray cancellation), the actor stops with it
+            self.request_shutdown("main returned" if self.completed else "main ended")
 
     async def _close(self) -> None:
         for conn in self.connections.values():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from guirl.actors.errors import Overloaded, PeerDead, RemoteError, RequestTimeout
-from guirl.actors.zsock import AsyncSocket
+from guirl.actors.zsock import AsyncSocket, SocketClosed
 from guirl.messages import CodecError, Header, make_header
 from guirl.messages.types import ErrorReply, Heartbeat, Message
 
@@ -68,7 +68,14 @@ class Connection:
         sock.setsockopt(zmq.RECONNECT_IVL, max(1, int(rt.reconnect_backoff_initial_s * 1000)))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(rt.reconnect_backoff_max_s * 1000)))
         sock.connect(self.endpoint)
-        self._sock = AsyncSocket(sock, self._on_frames, self.actor.crash, self.name)
+        self._sock = AsyncSocket(
+            sock,
+            self._on_frames,
+            self.actor.crash,
+            self.name,
+            max_parts=self.actor.limits.max_frames + 1,
+            on_oversized=self._on_oversized,
+        )
         self.last_heard = self.actor.loop.time()
         self._send_heartbeat()  # introduce ourselves so the server starts heartbeating back
 
@@ -106,7 +113,11 @@ class Connection:
             raise PeerDead(f"peer {self.name!r} at {self.endpoint} is dead")
         header, frames = self._frames(msg)
         t = self.actor.runtime.request_timeout_s if timeout is None else timeout
-        if not await self._sock.send(frames, t):
+        try:
+            sent = await self._sock.send(frames, t)
+        except SocketClosed:  # the connection was rebuilt (peer dead) or closed while we waited
+            raise PeerDead(f"connection to {self.name!r} was reset while sending") from None
+        if not sent:
             self.actor.counters["dropped.hwm"] += 1
             raise Overloaded(f"send queue to {self.name!r} full for {t:.3g} s")
         self.actor.counters["sent"] += 1
@@ -141,6 +152,10 @@ class Connection:
         self._pending.clear()
 
     # -- receiving (called from the socket's fd callback) ----------------------------------------
+
+    def _on_oversized(self, first: Any) -> None:
+        self.actor.counters["dropped.frames"] += 1
+        self.actor.log_drop(self.name, CodecError("frames", "message with too many frames discarded"))
 
     def _on_frames(self, frames: list) -> None:
         a = self.actor

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -39,6 +39,10 @@ class Request:
     @property
     def peer_name(self) -> str:
         return self.peer[0].decode("utf-8", "replace") if self.peer else ""
+
+
+MAX_ROUTING_IDS = 8
+"""Routing frames (proxy hops) a message may carry before its empty delimiter."""
 
 
 def _delimiter(frames: list) -> int:
@@ -74,7 +78,14 @@ class Mailbox:
         except zmq.ZMQError:
             sock.close(linger=0)
             raise
-        self.sock = AsyncSocket(sock, self._on_frames, actor.crash, "mailbox")
+        self.sock = AsyncSocket(
+            sock,
+            self._on_frames,
+            actor.crash,
+            "mailbox",
+            max_parts=actor.limits.max_frames + MAX_ROUTING_IDS + 1,
+            on_oversized=self._on_oversized,
+        )
         self.peers: dict[bytes, float] = {}  # directly connected peer id -> last heard (loop time)
         self.inbox: asyncio.Queue[Request] = asyncio.Queue(maxsize=rt.inbox_max)
         self.active = 0
@@ -131,6 +142,12 @@ class Mailbox:
             a.counters["dropped.overloaded"] += 1
             err = ErrorReply(code="overloaded", message=f"{a.name}'s inbox is full", retryable=True)
             self.send(peer, err, reply_to=header.msg_id)
+
+    def _on_oversized(self, first: Any) -> None:
+        """A message with more frames than any valid one: its rest was discarded unread."""
+        self.actor.counters["frames_in"] += 1
+        err = CodecError("frames", f"message has more than {self.sock.max_parts} frames")
+        self._reject([first.bytes], None, err)
 
     def _touch(self, ident: bytes, now: float) -> None:
         if ident not in self.peers:

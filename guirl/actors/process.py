@@ -90,17 +90,24 @@ def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid:
 
     def ready(endpoints: list[str]) -> None:
         ready_conn.send_bytes(msgspec.msgpack.encode({"pid": os.getpid(), "endpoints": endpoints}))
-        ready_conn.close()
 
     run_actor(actor, ready)
+    # a clean exit says why, so the supervisor can tell "finished its work" from "was asked to stop"
+    exit_info = {"exit": "completed" if actor.completed else "shutdown", "reason": actor.stop_reason}
+    try:
+        ready_conn.send_bytes(msgspec.msgpack.encode(exit_info))
+        ready_conn.close()
+    except OSError:  # the supervisor is gone
+        pass
 
 
 def run_actor(actor: Any, ready: Any = None) -> None:
-    """Run one actor on uvloop in this process until it shuts down; crash → non-zero exit."""
+    """Run one actor that owns this process (it handles SIGTERM/SIGINT) on uvloop until it shuts
+    down; a crash exits the process with status 1."""
     import uvloop
 
     try:
-        uvloop.run(actor.run(ready))
+        uvloop.run(actor.run(ready, handle_signals=True))
     except BaseException:
         log.exception("actor %s crashed", actor.name)
         logging.shutdown()

@@ -31,7 +31,7 @@ _spawn = mp.get_context("spawn")
 class SupervisorEvent:
     """Something that happened to a supervised actor."""
 
-    kind: str  # started | exited | restarted | gave_up | stopped | start_failed | completed
+    kind: str  # started | exited | restarted | gave_up | start_failed | stopped | completed | shut_down
     name: str
     pid: int = 0
     exitcode: int | None = None
@@ -53,6 +53,7 @@ class ActorHandle:
     endpoints: list[str] = field(default_factory=list)
     restarts: int = 0
     recent_exits: deque = field(default_factory=deque)
+    conn: Any = None  # the pipe the process reports on (ready, then its exit reason)
     stopping: bool = False
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     watcher: asyncio.Task | None = None
@@ -128,27 +129,41 @@ class Supervisor:
         proc.start()
         send_conn.close()
         handle.process = proc
+        if handle.conn is not None:
+            handle.conn.close()
+        handle.conn = recv_conn  # stays open: a clean exit reports its reason on it
         try:
             deadline = time.monotonic() + self.sc.start_timeout_s
             while not recv_conn.poll():
                 remaining = deadline - time.monotonic()
                 if not proc.is_alive():
-                    proc.join()
                     raise ActorStartError(f"actor {spec.name} exited with {proc.exitcode} before ready")
                 if remaining <= 0:
-                    proc.kill()
-                    proc.join()
                     raise ActorStartError(f"actor {spec.name} not ready within {self.sc.start_timeout_s} s")
                 # wake on either the ready message or the process dying
                 await _wait_fd([recv_conn.fileno(), proc.sentinel], remaining)
             try:
                 info = msgspec.msgpack.decode(recv_conn.recv_bytes())
             except EOFError:
-                proc.join()
-                raise ActorStartError(f"actor {spec.name} exited with {proc.exitcode} before ready") from None
-        finally:
-            recv_conn.close()
+                raise ActorStartError(f"actor {spec.name} exited before ready") from None
+        except BaseException:  # not ready, or our caller gave up (cancelled): leave no orphan behind
+            if proc.is_alive():
+                proc.kill()
+            await asyncio.to_thread(proc.join, 10.0)
+            raise
         handle.endpoints = list(info["endpoints"])
+
+    @staticmethod
+    def _exit_info(handle: ActorHandle) -> dict:
+        """What a cleanly exiting actor said about why it stopped (empty if it said nothing)."""
+        conn = handle.conn
+        try:
+            if conn is not None and conn.poll():
+                info = msgspec.msgpack.decode(conn.recv_bytes())
+                return info if isinstance(info, dict) else {}
+        except (EOFError, OSError, msgspec.DecodeError):
+            pass
+        return {}
 
     async def start(self, spec: ActorSpec) -> ActorHandle:
         """Start an actor and wait until it is ready; its endpoints are in the returned handle."""
@@ -170,8 +185,13 @@ class Supervisor:
             if handle.stopping:
                 self._emit(SupervisorEvent("stopped", name, handle.pid, code, handle.restarts))
                 return
-            if code == 0:  # the actor finished its work (its main returned): nothing to restart
+            info = self._exit_info(handle) if code == 0 else {}
+            if info.get("exit") == "completed":  # its main returned: the work is done
                 self._emit(SupervisorEvent("completed", name, handle.pid, code, handle.restarts))
+                return
+            if info.get("exit") == "shutdown":  # asked to stop (a Shutdown message, a signal): not a crash
+                reason = str(info.get("reason", ""))
+                self._emit(SupervisorEvent("shut_down", name, handle.pid, code, handle.restarts, reason))
                 return
             now = time.monotonic()
             handle.recent_exits.append(now)
@@ -203,7 +223,7 @@ class Supervisor:
             spec = msgspec.structs.replace(handle.spec, bind=handle.endpoints or handle.spec.bind)
             try:
                 await self._spawn(handle, spec)
-            except ActorStartError as exc:  # counted as another exit on the next turn of the loop
+            except Exception as exc:  # counted as another exit on the next turn of the loop
                 if handle.stopping:
                     self._emit(SupervisorEvent("stopped", name, 0, None, handle.restarts))
                     return
@@ -248,8 +268,10 @@ class Supervisor:
                     handle.process.kill()
                 await asyncio.wait_for(handle.watcher, 10.0)
         elif proc is not None:
-            proc.join(timeout)
+            await asyncio.to_thread(proc.join, timeout)
         del self.actors[name]
+        if handle.conn is not None:
+            handle.conn.close()
         proc = handle.process
         return proc.exitcode if proc is not None else None
 

@@ -208,7 +208,8 @@ def test_graceful_shutdown_drains_and_leaves_nothing_behind(how, tmp_path):
             mark = len(sup.history)
             if how == "message":
                 await conn.send(Shutdown(reason="test"))
-                ev = await sup.wait_event("completed", "echo", after=mark, timeout=30)
+                ev = await sup.wait_event("shut_down", "echo", after=mark, timeout=30)
+                assert ev.detail == "test"  # the Shutdown message's reason
             else:
                 code = await sup.stop("echo")
                 assert code == 0
