@@ -188,9 +188,7 @@ async def run(quick: bool) -> dict:
             ActorSpec(name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"])
         )
         client = Actor("bench", runtime=cfg.runtime)
-        ready = asyncio.Event()
-        task = asyncio.create_task(client.run(lambda _endpoints: ready.set()))
-        await ready.wait()
+        task = await client.start()
         conn = client.connect("echo", server.endpoints[0], DiagChannel)
         await conn.wait_alive(10)
         for name, png in screens.items():

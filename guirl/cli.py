@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from guirl.actors.errors import FatalError
     from guirl.config import ConfigError
 
     args = build_parser().parse_args(argv)
@@ -145,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"guirl: configuration error: {exc}", file=sys.stderr)
         return 2
+    except FatalError as exc:
+        print(f"guirl: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

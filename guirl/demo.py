@@ -32,6 +32,45 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+async def _run_actors(
+    cfg: GuirlConfig, run_dir: Path, coordinator: DemoCoordinator, started: float
+) -> tuple[float | None, list[str]]:
+    """Broker and workers under a supervisor; the broker is killed midway. Returns (kill time, events)."""
+    d, killed_at = cfg.demo, None
+    async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
+        broker = await sup.start(
+            ActorSpec(
+                name="broker", target="guirl.actors.echo:EchoActor", bind=[cfg.endpoints.broker], record=True
+            )
+        )
+        options = {
+            "coordinator": coordinator.endpoints[0],
+            "broker": broker.endpoints[0],
+            "step_latency_s": d.step_latency_s,
+        }
+        async with asyncio.TaskGroup() as tg:  # one failed start cancels (and cleans up) the others
+            for i in range(d.workers):
+                spec = ActorSpec(
+                    name=f"worker{i}", target="guirl.actors.demo:DemoWorker", record=True, options=options
+                )
+                tg.create_task(sup.start(spec))
+        if d.kill_one:
+            # once a third of the episodes are done, kill the broker the hard way
+            while len(coordinator.ended) < max(1, coordinator.total // 3):
+                coordinator.progress.clear()
+                await asyncio.wait_for(coordinator.progress.wait(), 120)
+            killed_at = time.monotonic() - started
+            mark = len(sup.history)
+            pid = sup.kill("broker")
+            print(f"[demo] SIGKILLed the broker (pid {pid}) after {len(coordinator.ended)} episodes")
+            ev = await sup.wait_event("restarted", "broker", after=mark, timeout=60)
+            print(f"[demo] supervisor restarted the broker as pid {ev.pid} on {broker.endpoints[0]}")
+        await asyncio.wait_for(coordinator.all_ended.wait(), 300)
+        for i in range(d.workers):
+            await sup.wait_event("completed", f"worker{i}", timeout=60)
+        return killed_at, [f"{e.kind}:{e.name}" for e in sup.history]
+
+
 async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
     """Run the demo; returns (and writes) the summary."""
     run_dir = run_dir or make_run_dir(cfg)
@@ -49,48 +88,12 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
         bind=[cfg.endpoints.coordinator],
         recorder=Recorder(logs, "coordinator", actor="coordinator", rotate_bytes=cfg.recorder.rotate_bytes),
     )
-    coord_ready = asyncio.Event()
-    coord_task = asyncio.create_task(coordinator.run(lambda _eps: coord_ready.set()))
-    await coord_ready.wait()
-    killed_at = None
-    async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-        broker = await sup.start(
-            ActorSpec(
-                name="broker", target="guirl.actors.echo:EchoActor", bind=[cfg.endpoints.broker], record=True
-            )
-        )
-        options = {
-            "coordinator": coordinator.endpoints[0],
-            "broker": broker.endpoints[0],
-            "step_latency_s": d.step_latency_s,
-        }
-        await asyncio.gather(
-            *(
-                sup.start(
-                    ActorSpec(
-                        name=f"worker{i}", target="guirl.actors.demo:DemoWorker", record=True, options=options
-                    )
-                )
-                for i in range(d.workers)
-            )
-        )
-        if d.kill_one:
-            # once a third of the episodes are done, kill the broker the hard way
-            while len(coordinator.ended) < max(1, coordinator.total // 3):
-                coordinator.progress.clear()
-                await asyncio.wait_for(coordinator.progress.wait(), 120)
-            killed_at = time.monotonic() - started
-            mark = len(sup.history)
-            pid = sup.kill("broker")
-            print(f"[demo] SIGKILLed the broker (pid {pid}) after {len(coordinator.ended)} episodes")
-            ev = await sup.wait_event("restarted", "broker", after=mark, timeout=60)
-            print(f"[demo] supervisor restarted the broker as pid {ev.pid} on {broker.endpoints[0]}")
-        await asyncio.wait_for(coordinator.all_ended.wait(), 300)
-        for i in range(d.workers):
-            await sup.wait_event("completed", f"worker{i}", timeout=60)
-        events = [e.kind + ":" + e.name for e in sup.history]
-    coordinator.request_shutdown("demo done")
-    await coord_task
+    coord_task = await coordinator.start()
+    try:
+        killed_at, events = await _run_actors(cfg, run_dir, coordinator, started)
+    finally:
+        coordinator.request_shutdown("demo done")
+        await coord_task
     elapsed = time.monotonic() - started
 
     reader = LogReader([logs])

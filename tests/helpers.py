@@ -42,13 +42,7 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 120.0) -> Any:
 async def client_actor(cfg: GuirlConfig, name: str = "client", **kwargs: Any) -> AsyncIterator[Actor]:
     """A running actor in this process (no mailbox unless `bind=` is given), shut down on exit."""
     actor = Actor(name, runtime=cfg.runtime, codec=cfg.codec, **kwargs)
-    ready = asyncio.Event()
-    task = asyncio.create_task(actor.run(lambda _endpoints: ready.set()))
-    waiter = asyncio.create_task(ready.wait())
-    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        waiter.cancel()
-        task.result()  # raises the start-up error
+    task = await actor.start()
     try:
         yield actor
     finally:

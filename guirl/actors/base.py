@@ -174,6 +174,24 @@ class Actor:
         if self._fatal is not None:
             raise self._fatal
 
+    async def start(self) -> asyncio.Task:
+        """Run this actor in the current event loop, beside other work: returns its `run` task once it
+        is ready, or raises whatever stopped it before that (a port in use, a failing setup)."""
+        ready = asyncio.Event()
+        task = asyncio.create_task(self.run(lambda _endpoints: ready.set()), name=f"actor:{self.name}")
+        waiter = asyncio.create_task(ready.wait())
+        try:
+            await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if not ready.is_set():
+            task.result()  # raises the start-up error
+            raise RuntimeError(f"actor {self.name} stopped before it was ready: {self.stop_reason}")
+        return task
+
     def crash(self, exc: BaseException) -> None:
         """An internal error in a socket callback: stop now and let `run` raise it (the supervisor
         restarts the process). A bug must not be logged and forgotten."""

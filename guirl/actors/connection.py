@@ -50,6 +50,7 @@ class Connection:
         self.silence_at_death = 0.0  # how long the peer had been silent when declared dead
         self.reconnects = 0
         self.incarnation = ""  # the peer process's random id, from its heartbeats
+        self._death_reported = False  # declared dead since the last heartbeat
         self._pending: dict[str, asyncio.Future] = {}
         self._sock: AsyncSocket | None = None
         self._alive = asyncio.Event()
@@ -172,7 +173,7 @@ class Connection:
             a.log_drop(self.name, exc)
             return
         if isinstance(msg, Heartbeat):
-            self._check_incarnation(msg.incarnation)
+            self._check_incarnation(msg)
             return
         a.counters["received"] += 1
         if a.recorder is not None:
@@ -189,17 +190,36 @@ class Connection:
         else:
             a.enqueue_push(self, header, msg)
 
-    def _check_incarnation(self, incarnation: str) -> None:
-        """A peer that restarted within the liveness window lost our requests: fail them now."""
-        if not incarnation:
+    def _check_incarnation(self, beat: Heartbeat) -> None:
+        """A new incarnation of the peer (it restarted, maybe within the liveness window): requests sent
+        before the first message it saw from us were lost with the old one, so fail exactly those."""
+        incarnation, reported = beat.incarnation, self._death_reported
+        self._death_reported = False
+        if not incarnation or incarnation == self.incarnation:
             return
-        if self.incarnation and incarnation != self.incarnation:
-            self.actor.counters["peers.restarted"] += 1
-            err = PeerDead(f"peer {self.name!r} at {self.endpoint} restarted; its requests in flight failed")
-            log.warning("%s", err)
-            self._fail_pending(err)
-            self.actor.on_peer_dead(self.name, err)
-        self.incarnation = incarnation
+        old, self.incarnation = self.incarnation, incarnation
+        if not old:
+            return  # the first incarnation we meet
+        if reported:  # already declared dead (its requests failed then): it is simply back
+            log.info("peer %r at %s is back as a new process", self.name, self.endpoint)
+            return
+        self.actor.counters["peers.restarted"] += 1
+        first = self.actor.ids.sequence(beat.first_seen)
+        lost = [
+            (msg_id, fut)
+            for msg_id, fut in self._pending.items()
+            if first is None or (self.actor.ids.sequence(msg_id) or 0) < first
+        ]
+        err = PeerDead(
+            f"peer {self.name!r} at {self.endpoint} restarted; {len(lost)} request(s) sent before the "
+            "restart were lost with the old process"
+        )
+        log.warning("%s", err)
+        for msg_id, fut in lost:
+            self._pending.pop(msg_id, None)
+            if not fut.done():
+                fut.set_exception(err)
+        self.actor.on_peer_dead(self.name, err)
 
     def _mark_alive(self) -> None:
         was = self.state
@@ -220,6 +240,7 @@ class Connection:
         silent = now - self.last_heard
         if self.state != "dead" and silent > rt.heartbeat_interval_s * rt.heartbeat_liveness:
             self.state = "dead"
+            self._death_reported = True
             self.declared_dead_at = now
             self.silence_at_death = silent
             self._alive.clear()

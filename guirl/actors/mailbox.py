@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from guirl.actors.errors import FatalError
 from guirl.actors.zsock import AsyncSocket
 from guirl.messages import CodecError, Header, make_header
 from guirl.messages.types import ErrorReply, Heartbeat, Message, Shutdown, StatsRequest
@@ -75,9 +76,9 @@ class Mailbox:
                 else:
                     sock.bind(ep)
                 self.endpoints.append(ep)
-        except zmq.ZMQError:
+        except zmq.ZMQError as exc:
             sock.close(linger=0)
-            raise
+            raise FatalError(f"{actor.name}: cannot bind its mailbox to {ep}: {exc}") from None
         self.sock = AsyncSocket(
             sock,
             self._on_frames,
@@ -108,12 +109,13 @@ class Mailbox:
         if not peer:
             a.counters["dropped.frames"] += 1
             return
-        self._touch(peer[0], now)
         try:
             header, msg = a.codec.decode(frames[split + 1 :], a.channel)
         except CodecError as exc:
+            self._touch(peer[0], now, exc.header)
             self._reject(peer, exc.header, exc)
             return
+        self._touch(peer[0], now, header)
         match msg:
             case Heartbeat(leaving=True):
                 if self.peers.pop(peer[0], None) is not None:
@@ -149,11 +151,13 @@ class Mailbox:
         err = CodecError("frames", f"message has more than {self.sock.max_parts} frames")
         self._reject([first.bytes], None, err)
 
-    def _touch(self, ident: bytes, now: float) -> None:
+    def _touch(self, ident: bytes, now: float, header: Header | None) -> None:
         if ident not in self.peers:
             self.actor.counters["peers.joined"] += 1
-            # answer a new peer at once, so a (re)connecting client learns we are alive without waiting
-            self.send([ident], Heartbeat(incarnation=self.actor.incarnation))
+            # answer a new peer at once, so a (re)connecting client learns we are alive without waiting,
+            # and which of its messages was the first to reach this incarnation of us
+            first = header.msg_id if header is not None else ""
+            self.send([ident], Heartbeat(incarnation=self.actor.incarnation, first_seen=first))
         self.peers[ident] = now
 
     def _reject(self, peer: list[bytes], header: Header | None, exc: CodecError) -> None:

@@ -106,8 +106,14 @@ def run_actor(actor: Any, ready: Any = None) -> None:
     down; a crash exits the process with status 1."""
     import uvloop
 
+    from guirl.actors.errors import FatalError
+
     try:
         uvloop.run(actor.run(ready, handle_signals=True))
+    except FatalError as exc:  # a clear, expected failure (e.g. the port is taken): no traceback
+        log.error("%s", exc)
+        logging.shutdown()
+        os._exit(1)
     except BaseException:
         log.exception("actor %s crashed", actor.name)
         logging.shutdown()

@@ -33,11 +33,16 @@ class IdGen:
     """Message ids unique across processes: a random per-instance prefix and a counter."""
 
     def __init__(self) -> None:
-        self._prefix = os.urandom(6).hex()
+        self.prefix = os.urandom(6).hex()
         self._count = itertools.count(1)
 
     def __call__(self) -> str:
-        return f"{self._prefix}-{next(self._count)}"
+        return f"{self.prefix}-{next(self._count)}"
+
+    def sequence(self, msg_id: str) -> int | None:
+        """The counter of an id this generator made (ids are made in increasing order), else None."""
+        prefix, _, count = msg_id.rpartition("-")
+        return int(count) if prefix == self.prefix and count.isdigit() else None
 
 
 def make_header(

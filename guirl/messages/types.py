@@ -115,6 +115,9 @@ class Heartbeat(Message):
     """Random id of the sending process: a change tells a client its peer restarted."""
     leaving: bool = False
     """Sent (best effort) by a client closing its connection: a goodbye, not a death."""
+    first_seen: str = ""
+    """In a server's first heartbeat to a new peer: the id of the first message it got from that peer
+    (messages the peer sent before that one never reached this incarnation)."""
 
 
 class Shutdown(Message):

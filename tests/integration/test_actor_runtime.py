@@ -9,7 +9,8 @@ import socket
 import psutil
 import pytest
 
-from guirl.actors.errors import PeerDead, RemoteError, RequestTimeout
+from guirl.actors.base import Actor
+from guirl.actors.errors import FatalError, PeerDead, RemoteError, RequestTimeout
 from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.messages import Blob, DiagChannel
@@ -243,5 +244,64 @@ def test_supervisor_restarts_crashes_then_gives_up():
                 exited = [e for e in sup.history[mark:] if e.kind == "exited"]
                 assert exited and exited[0].exitcode == 70
             assert ev.kind == "gave_up" and ev.restarts == 2
+
+    run(main())
+
+
+def test_restart_within_liveness_fails_only_the_requests_it_lost():
+    # liveness far longer than the restart: the client learns of it from the new incarnation
+    cfg = fast_config("runtime.heartbeat_liveness=50")
+
+    async def main():
+        async with Supervisor(cfg) as sup, client_actor(cfg) as client:
+            echo = await sup.start(ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"]))
+            conn = client.connect("echo", echo.endpoints[0], DiagChannel)
+            await conn.wait_alive(10)
+            lost = asyncio.create_task(conn.request(Echo(text="lost", delay_s=60), timeout=60))
+            await asyncio.sleep(0.1)  # it is inside the old process's handler
+            mark = len(sup.history)
+            sup.kill("echo")
+            await sup.wait_event("exited", "echo", after=mark, timeout=30)
+            # sent while no process listens: queued, then delivered to the new incarnation
+            queued = asyncio.create_task(conn.request(Echo(text="queued"), timeout=60))
+            await sup.wait_event("restarted", "echo", after=mark, timeout=60)
+            with pytest.raises(PeerDead, match="1 request\\(s\\) sent before the restart were lost"):
+                await lost
+            assert (await queued).text == "queued"  # served by the new process, not failed
+            assert conn.state == "alive" and client.counters["peers.restarted"] == 1
+            assert client.counters.get("peers.dead", 0) == 0
+
+    run(main())
+
+
+class SlowSetup(Actor):
+    """An actor whose setup never finishes (a model that takes forever to load)."""
+
+    async def setup(self) -> None:
+        await asyncio.Event().wait()
+
+
+def test_shutdown_does_not_wait_for_setup():
+    cfg = fast_config()
+
+    async def main():
+        actor = SlowSetup("slow", runtime=cfg.runtime, codec=cfg.codec, bind=["tcp://127.0.0.1:0"])
+        task = asyncio.create_task(actor.run())
+        await asyncio.sleep(0.2)  # setup is now stuck
+        actor.request_shutdown("test")
+        await asyncio.wait_for(task, 10)  # returns although setup never did
+        assert not actor.completed and actor.stop_reason == "test"
+
+    run(main())
+
+
+def test_start_reports_a_mailbox_that_cannot_bind():
+    cfg = fast_config()
+
+    async def main():
+        async with client_actor(cfg, "first", bind=["tcp://127.0.0.1:0"]) as first:
+            second = Actor("second", runtime=cfg.runtime, codec=cfg.codec, bind=first.endpoints)
+            with pytest.raises(FatalError, match="second: cannot bind its mailbox to tcp://127.0.0.1:"):
+                await second.start()
 
     run(main())
