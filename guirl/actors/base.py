@@ -9,6 +9,7 @@ stop accepting → drain in-flight work → close sockets (linger 0) → termina
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -22,10 +23,14 @@ import zmq
 from guirl.actors.connection import Connection
 from guirl.actors.mailbox import Mailbox, Request
 from guirl.actors.stats import Counters
+from guirl.actors.zsock import peer_label
 from guirl.messages import Codec, CodecLimits, DiagChannel, Header, IdGen
 from guirl.messages.types import Heartbeat, Message, StatsReply
 
 log = logging.getLogger(__name__)
+
+MAX_RECORD_FAILURES = 10
+"""Write errors after which an actor stops recording (and says so) rather than failing on each message."""
 
 
 class Actor:
@@ -67,6 +72,7 @@ class Actor:
         self.completed = False  # main() returned: the actor finished its work
         self._drop_log_at = 0.0
         self._fatal: BaseException | None = None
+        self._record_failures = 0
         self._pushes: asyncio.Queue | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -122,7 +128,7 @@ class Actor:
         return StatsReply(
             actor=self.name,
             counters=self.counters.snapshot(),
-            peers=[p.decode("utf-8", "replace") for p in (self.mailbox.peers if self.mailbox else ())],
+            peers=[peer_label(p) for p in (self.mailbox.peers if self.mailbox else ())],
         )
 
     # -- running -----------------------------------------------------------------------------------
@@ -269,5 +275,16 @@ class Actor:
         if rec is None or isinstance(msg, Heartbeat):
             return
         if isinstance(peer, bytes):
-            peer = peer.decode("utf-8", "replace")
-        rec.record(direction, sock, peer, frames[0], frames[1], frames[2:])
+            peer = peer_label(peer)
+        try:
+            rec.record(direction, sock, peer, frames[0], frames[1], frames[2:])
+        except OSError as exc:  # a full disk must not take the actor down: count, warn, and give up
+            self.counters["dropped.record"] += 1
+            self._record_failures += 1
+            if self._record_failures >= MAX_RECORD_FAILURES:
+                log.error("message recording disabled after %d write errors: %s", self._record_failures, exc)
+                self.recorder = None
+                with contextlib.suppress(OSError):
+                    rec.close()
+            else:
+                self.log_drop("recorder", exc)

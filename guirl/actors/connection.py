@@ -105,8 +105,8 @@ class Connection:
         if self._sock is None:
             return
         _, frames = self._frames(Heartbeat(inflight=len(self._pending)))
-        if not self._sock.try_send(frames):
-            self.actor.counters["dropped.hwm"] += 1
+        if not self._sock.try_send(frames):  # the peer is not reading (dead or slow): not a message loss
+            self.actor.counters["heartbeats.unsent"] += 1
 
     async def send(self, msg: Message, *, timeout: float | None = None) -> Header:
         """One-way send; raises `Overloaded` if the queue stays full for `timeout`, `PeerDead` if dead."""
@@ -245,10 +245,11 @@ class Connection:
             self.silence_at_death = silent
             self._alive.clear()
             self.actor.counters["peers.dead"] += 1
-            err = PeerDead(
-                f"peer {self.name!r} at {self.endpoint} missed {rt.heartbeat_liveness} heartbeats "
-                f"({silent:.2f} s silent); its requests in flight failed"
-            )
+            if self.incarnation:
+                what = f"missed {rt.heartbeat_liveness} heartbeats ({silent:.2f} s silent)"
+            else:
+                what = f"has not answered in {silent:.2f} s (never reached)"
+            err = PeerDead(f"peer {self.name!r} at {self.endpoint} {what}; its requests in flight failed")
             log.warning("%s", err)
             self._fail_pending(err)
             self.actor.on_peer_dead(self.name, err)

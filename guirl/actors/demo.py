@@ -94,6 +94,9 @@ class DemoCoordinator(Actor):
                     max_steps=self.max_steps,
                     seed=int(episode[2:]),
                 )
+            case EpisodeEnded(episode_id=episode) if episode not in self.assigned:
+                self.counters["episodes.unknown_end"] += 1
+                return Ack(ok=False, note=f"episode {episode!r} was never assigned")
             case EpisodeEnded(episode_id=episode) if episode in self.ended:
                 self.counters["episodes.duplicate_end"] += 1
                 return Ack(ok=False, note="already ended")

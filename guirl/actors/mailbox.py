@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from guirl.actors.errors import FatalError
-from guirl.actors.zsock import AsyncSocket
+from guirl.actors.zsock import AsyncSocket, peer_label
 from guirl.messages import CodecError, Header, make_header
 from guirl.messages.types import ErrorReply, Heartbeat, Message, Shutdown, StatsRequest
 
@@ -29,17 +29,20 @@ log = logging.getLogger(__name__)
 class Request:
     """An inbound message awaiting its handler: who sent it, its header and its typed body."""
 
-    __slots__ = ("peer", "header", "msg", "received_at")
+    __slots__ = ("peer", "header", "msg", "received_at", "nbytes")
 
-    def __init__(self, peer: list[bytes], header: Header, msg: Message, received_at: float) -> None:
+    def __init__(
+        self, peer: list[bytes], header: Header, msg: Message, received_at: float, nbytes: int = 0
+    ) -> None:
         self.peer = peer  # routing ids to address the reply; peer[0] is the directly connected socket
         self.header = header
         self.msg = msg
         self.received_at = received_at
+        self.nbytes = nbytes  # size of its frames, held until the handler is done with it
 
     @property
     def peer_name(self) -> str:
-        return self.peer[0].decode("utf-8", "replace") if self.peer else ""
+        return peer_label(self.peer[0]) if self.peer else ""
 
 
 MAX_ROUTING_IDS = 8
@@ -89,6 +92,7 @@ class Mailbox:
         )
         self.peers: dict[bytes, float] = {}  # directly connected peer id -> last heard (loop time)
         self.inbox: asyncio.Queue[Request] = asyncio.Queue(maxsize=rt.inbox_max)
+        self.held_bytes = 0  # frames of queued and in-flight requests
         self.active = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -120,7 +124,7 @@ class Mailbox:
             case Heartbeat(leaving=True):
                 if self.peers.pop(peer[0], None) is not None:
                     a.counters["peers.left"] += 1
-                    log.info("mailbox peer %r left", peer[0].decode("utf-8", "replace"))
+                    log.info("mailbox peer %r left", peer_label(peer[0]))
                 return
             case Heartbeat():
                 return
@@ -137,13 +141,15 @@ class Mailbox:
             err = ErrorReply(code="shutting_down", message=f"{a.name} is shutting down", retryable=True)
             self.send(peer, err, reply_to=header.msg_id)
             return
-        try:
-            self.inbox.put_nowait(Request(peer, header, msg, now))
-            self._idle.clear()
-        except asyncio.QueueFull:
+        nbytes = sum(len(f) for f in frames)
+        if self.held_bytes + nbytes > a.runtime.inbox_max_bytes or self.inbox.full():
             a.counters["dropped.overloaded"] += 1
             err = ErrorReply(code="overloaded", message=f"{a.name}'s inbox is full", retryable=True)
             self.send(peer, err, reply_to=header.msg_id)
+            return
+        self.held_bytes += nbytes
+        self.inbox.put_nowait(Request(peer, header, msg, now, nbytes))
+        self._idle.clear()
 
     def _on_oversized(self, first: Any) -> None:
         """A message with more frames than any valid one: its rest was discarded unread."""
@@ -162,7 +168,7 @@ class Mailbox:
 
     def _reject(self, peer: list[bytes], header: Header | None, exc: CodecError) -> None:
         self.actor.counters[f"dropped.{exc.code}"] += 1
-        self.actor.log_drop(peer[0].decode("utf-8", "replace") if peer else "?", exc)
+        self.actor.log_drop(peer_label(peer[0]) if peer else "?", exc)
         if peer:
             err = ErrorReply(code=exc.code, message=str(exc)[:500])
             self.send(peer, err, reply_to=header.msg_id if header else "")
@@ -183,6 +189,7 @@ class Mailbox:
                 reply = ErrorReply(code="handler", message=f"{type(exc).__name__}: {exc}"[:500])
             finally:
                 self.active -= 1
+                self.held_bytes -= req.nbytes
             if reply is not None:
                 self.send(req.peer, reply, reply_to=req.header.msg_id)
             # Drop our references now: an idle worker must not pin its last message's frames (a
@@ -217,13 +224,16 @@ class Mailbox:
         except CodecError as exc:
             a.counters[f"dropped.out_{exc.code}"] += 1
             log.error("cannot send %s: %s", type(msg).__name__, exc)
+            if reply_to and not isinstance(msg, ErrorReply):  # the requester must not wait in vain
+                err = ErrorReply(code=exc.code, message=f"the reply could not be sent: {exc}"[:500])
+                return self.send(peer, err, reply_to=reply_to)
             return False
         try:
             if not sock.try_send([*peer, b"", *body]):
-                a.counters["dropped.hwm"] += 1
+                a.counters["heartbeats.unsent" if isinstance(msg, Heartbeat) else "dropped.hwm"] += 1
                 return False
         except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer is gone (ROUTER_MANDATORY)
-            a.counters["dropped.unroutable"] += 1
+            a.counters["heartbeats.unsent" if isinstance(msg, Heartbeat) else "dropped.unroutable"] += 1
             log.debug("unroutable message to %r: %s", peer[0], exc)
             return False
         if not isinstance(msg, Heartbeat):
@@ -240,7 +250,7 @@ class Mailbox:
             if now - last_seen > limit:
                 del self.peers[ident]
                 a.counters["peers.dead"] += 1
-                name = ident.decode("utf-8", "replace")
+                name = peer_label(ident)
                 log.warning(
                     "mailbox peer %r missed %d heartbeats; declared dead", name, rt.heartbeat_liveness
                 )

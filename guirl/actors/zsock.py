@@ -34,6 +34,17 @@ _EVENTS, _POLLIN, _POLLOUT = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.POLLOUT)
 _recv, _send, _get = zmq.backend.Socket.recv, zmq.backend.Socket.send, zmq.backend.Socket.get
 
 
+def peer_label(ident: bytes) -> str:
+    """A routing id as text: guirl's own ids are readable (`worker0/3fa2c1`); any other is shown in hex."""
+    try:
+        text = ident.decode("utf-8")
+        if text and text.isprintable():
+            return text
+    except UnicodeDecodeError:
+        pass
+    return "0x" + ident.hex()
+
+
 class SocketClosed(Exception):
     """The socket was closed while a send was waiting for room."""
 

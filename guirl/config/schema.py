@@ -60,6 +60,8 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """ZeroMQ receive high-water mark per socket, in messages (0 = unlimited)."""
     inbox_max: PosInt = 1024
     """Bound of each actor's inbound message queue."""
+    inbox_max_bytes: PosInt = 2**30
+    """Bound on the bytes (frames) of the messages queued in an actor's inbox."""
     max_concurrency: PosInt = 64
     """Most handler tasks an actor runs at once."""
     shutdown_timeout_s: PosFloat = 5.0

@@ -102,6 +102,9 @@ class Codec:
         try:
             body_bytes = self._encoder.encode(body)
             blobs = self._out
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError) as exc:
+            # e.g. an int beyond 64 bits, a value of a type MessagePack cannot carry
+            raise CodecError("encode", f"cannot encode {type(body).__name__}: {exc}") from None
         finally:
             self._out = []
         lim = self.limits

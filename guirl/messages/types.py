@@ -8,9 +8,10 @@ Screenshots and tensors are `Blob`s (trailing frames), never bytes inside the bo
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import Meta
 
 from guirl.messages.blob import Blob
 
@@ -35,6 +36,8 @@ class Image(msgspec.Struct, frozen=True, kw_only=True):
     height: int = 0
 
 
+MAX_DIMS = 8
+"""Dimensions a tensor may have (a peer must not make a shape check cost quadratic time)."""
 DType = Literal["uint8", "int32", "int64", "float16", "bfloat16", "float32"]
 _ITEMSIZE = {"uint8": 1, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2, "float32": 4}
 _FORMAT = {"uint8": "B", "int32": "i", "int64": "q", "float16": "e", "float32": "f"}
@@ -44,16 +47,18 @@ class Tensor(msgspec.Struct, frozen=True, kw_only=True):
     """A dense array (token ids, log-probs, weights) carried as a blob in native little-endian order."""
 
     dtype: DType
-    shape: list[int]
+    shape: Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=MAX_DIMS)]
     data: Blob
 
-    def __post_init__(self) -> None:
-        n = 1
+    def __post_init__(self) -> None:  # (Meta bounds apply on decode; this also guards direct construction)
+        if len(self.shape) > MAX_DIMS:
+            raise ValueError(f"a tensor has at most {MAX_DIMS} dimensions, got {len(self.shape)}")
+        n, size = 1, len(self.data)
         for d in self.shape:
             if d < 0:
                 raise ValueError(f"negative dimension in shape {self.shape}")
             n *= d
-        if n * _ITEMSIZE[self.dtype] != len(self.data):
+        if n * _ITEMSIZE[self.dtype] != size:
             raise ValueError(
                 f"tensor of shape {self.shape} and dtype {self.dtype} needs {n * _ITEMSIZE[self.dtype]} "
                 f"bytes, blob has {len(self.data)}"
@@ -127,6 +132,7 @@ class Shutdown(Message):
 
 
 ErrorCode = Literal[
+    "encode",
     "frames",
     "too_large",
     "too_deep",

@@ -128,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
 
             report = replay_to(reader, selected, args.to, speed=args.speed, wait_s=args.wait)
             print(json.dumps(report.as_dict()))
+            if report.unsent:
+                print(
+                    f"replay: {report.unsent} messages not sent: {args.to} did not take them", file=sys.stderr
+                )
+                return 1
     except MsgLogError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 2

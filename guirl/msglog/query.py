@@ -53,8 +53,7 @@ def _episode_ids(body: dict[str, Any]) -> set[Any]:
     for value in body.values():
         nested = value if isinstance(value, list) else [value]
         ids.update(v.get("episode_id") for v in nested if isinstance(v, dict))
-    ids.discard(None)
-    return ids
+    return {i for i in ids if isinstance(i, str)}  # a hostile body may hold anything there
 
 
 def record_to_json(record: Record) -> dict[str, Any]:

@@ -77,9 +77,10 @@ class Record:
 class _Damaged(Exception):
     """Damage that ends the reading of one file: `torn` (cut short, as a kill leaves it) or corrupt."""
 
-    def __init__(self, what: str, torn: bool = False) -> None:
+    def __init__(self, what: str, torn: bool = False, framed: bool = False) -> None:
         super().__init__(what)
         self.torn = torn
+        self.framed = framed  # the record's prefix was valid: this is a log, damaged
 
 
 def _unpack(data: bytes, ext_hook: Any = msgpack.ExtType) -> Any:
@@ -136,10 +137,16 @@ class LogReader:
 
     def __iter__(self) -> Iterator[Record]:
         index = 0
+        named = {Path(p) for p in self.paths}
         for path in self.files():
-            for rec in self._read_file(path, index):
-                index += 1
-                yield rec
+            try:
+                for rec in self._read_file(path, index):
+                    index += 1
+                    yield rec
+            except MsgLogError as exc:
+                if path in named:  # a file asked for by name must be a log
+                    raise
+                self._warn(path, 0, f"skipped: {exc}")  # one stray file must not hide a directory
 
     def files(self) -> list[Path]:
         """The segment files `paths` name, in reading order."""
@@ -202,8 +209,8 @@ class LogReader:
                 try:
                     item = self._next_record(f, offset, first=meta is None)
                 except _Damaged as exc:
-                    if meta is None and not exc.torn:
-                        # Corrupt before a meta record was read: nothing says this is a log at all.
+                    if meta is None and not exc.torn and not exc.framed:
+                        # No valid record frame before a meta record: nothing says this is a log at all.
                         raise MsgLogError(f"{path}: not a guirl message log") from None
                     self._warn(path, offset, str(exc))
                     return
@@ -253,7 +260,7 @@ class LogReader:
         if len(payload) < length:
             raise _Damaged(f"torn record: {len(payload)} of {length} bytes", torn=True)
         if zlib.crc32(payload) != crc:
-            raise _Damaged("CRC mismatch")
+            raise _Damaged("CRC mismatch", framed=True)  # a log's framing, damaged contents
         return payload, fmt.PREFIX_SIZE + length
 
     def _meta(self, path: Path, payload: bytes, spans: dict, kind: Any) -> dict[str, Any]:

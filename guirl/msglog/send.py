@@ -76,9 +76,10 @@ def replay_to(
             if name == "ErrorReply":
                 report.errors[msg.code] += 1
 
+    records = list(records)
     try:
         first_t = start = None
-        for rec in records:
+        for n, rec in enumerate(records):
             if first_t is None:
                 first_t, start = rec.t, time.monotonic()
             elif speed > 0:
@@ -89,7 +90,19 @@ def replay_to(
             frames = reader.raw_frames(rec)
             old = msgspec.msgpack.decode(frames[0])
             header = make_header(ids, "replay", policy_version=old[4] if len(old) > 4 else -1)
-            sock.send_multipart([b"", codec.encode_header(header), *frames[1:]])
+            message = [b"", codec.encode_header(header), *frames[1:]]
+            # never block on an actor that is down or not reading: wait for room up to `wait_s`
+            sent_at = time.monotonic()
+            while True:
+                try:
+                    sock.send_multipart(message, zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    left = wait_s - (time.monotonic() - sent_at)
+                    if left <= 0 or not sock.poll(int(left * 1000) + 1, zmq.POLLOUT):
+                        report.unsent = len(records) - n
+                        report.unanswered = len(outstanding)
+                        return report
             outstanding.add(header.msg_id)
             report.sent += 1
             drain(0)

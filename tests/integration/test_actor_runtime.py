@@ -305,3 +305,40 @@ def test_start_reports_a_mailbox_that_cannot_bind():
                 await second.start()
 
     run(main())
+
+
+class FullDisk:
+    """A recorder whose every write fails as on a full disk (the fault injected through the constructor)."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.closed = False
+
+    def record(self, *args, **kwargs) -> None:
+        self.writes += 1
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_recorder_write_errors_never_stop_an_actor():
+    cfg = fast_config()
+
+    async def main():
+        disk = FullDisk()
+        async with client_actor(cfg, "server", bind=["tcp://127.0.0.1:0"]) as server:
+            server.recorder = disk
+            server.handle = _echo_handler
+            async with client_actor(cfg) as client:
+                conn = client.connect("server", server.endpoints[0], DiagChannel)
+                for i in range(15):
+                    assert (await conn.request(Echo(text=str(i)))).text == str(i)
+            assert server.recorder is None and disk.closed  # gave up recording, kept serving
+            assert server.counters["dropped.record"] == disk.writes == 10
+
+    run(main())
+
+
+async def _echo_handler(req):
+    return EchoReply(text=req.msg.text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,14 @@ def test_replay_reproduces_the_received_stream(tmp_path):
 
     run(replay_into_fresh_actor())
     assert _received(tmp_path / "b" / "msglogs") == original
+
+    # an endpoint nobody serves: the replay stops once the send queue is full, says so, and returns
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        nobody = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    many = [r for r in records if r.actor == "echo" and r.direction == "in"] * 200  # 2,400 > the HWM
+    report = replay_to(reader, many, nobody, speed=0, wait_s=0.5)
+    assert report.unsent > 0 and report.sent + report.unsent == len(many)
 
 
 def test_replay_cli_and_truncated_log(tmp_path):

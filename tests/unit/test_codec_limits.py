@@ -261,8 +261,12 @@ def test_errors_after_a_valid_header_carry_it() -> None:
 
 def test_codec_recovers_after_errors() -> None:
     codec = Codec()
-    with pytest.raises(TypeError):
+    with pytest.raises(CodecError) as err:  # an unencodable value is a clear CodecError, not a crash
         codec.encode(HEADER, assignment({"x": object(), "blob": Blob(b"zz")}))
+    assert err.value.code == "encode"
+    with pytest.raises(CodecError) as err:
+        codec.encode(HEADER, assignment({"x": 2**70}))
+    assert err.value.code == "encode"
     frames = codec.encode(HEADER, Echo(blobs=[Blob(b"a")]))
     assert len(frames) == 3 and msgpack.unpackb(frames[1])["blobs"] == [ref(0)]
     with pytest.raises(CodecError):
