@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -91,9 +90,7 @@ def test_replay_reproduces_the_received_stream(tmp_path):
     assert _received(tmp_path / "b" / "msglogs") == original
 
     # an endpoint nobody serves: the replay stops once the send queue is full, says so, and returns
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        nobody = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    nobody = f"ipc://{tmp_path}/nobody.sock"
     many = [r for r in records if r.actor == "echo" and r.direction == "in"] * 200  # 2,400 > the HWM
     report = replay_to(reader, many, nobody, speed=0, wait_s=0.5)
     assert report.unsent > 0 and report.sent + report.unsent == len(many)

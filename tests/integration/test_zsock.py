@@ -11,12 +11,12 @@ from guirl.actors.zsock import AsyncSocket, SocketClosed
 from tests.helpers import run
 
 
-def _pair(ctx: zmq.Context, hwm: int) -> tuple[zmq.Socket, zmq.Socket, str]:
+def _pair(ctx: zmq.Context, hwm: int, tmp_path) -> tuple[zmq.Socket, zmq.Socket, str]:
+    """A ROUTER (not yet bound: the dealer's queue fills up at its HWM) and a DEALER connected to it.
+    ipc, not tcp: a tcp port left unbound may be taken before we bind it again."""
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    endpoint = f"tcp://127.0.0.1:{port}"
-    router.unbind(endpoint)  # nothing listens yet: the dealer's queue fills up at its HWM
+    endpoint = f"ipc://{tmp_path}/router.sock"
     dealer = ctx.socket(zmq.DEALER)
     dealer.setsockopt(zmq.SNDHWM, hwm)
     dealer.setsockopt(zmq.LINGER, 0)
@@ -24,10 +24,10 @@ def _pair(ctx: zmq.Context, hwm: int) -> tuple[zmq.Socket, zmq.Socket, str]:
     return router, dealer, endpoint
 
 
-def test_every_waiting_writer_is_woken_when_room_appears():
+def test_every_waiting_writer_is_woken_when_room_appears(tmp_path):
     async def main():
         ctx = zmq.Context()
-        router, dealer, endpoint = _pair(ctx, hwm=1)
+        router, dealer, endpoint = _pair(ctx, hwm=1, tmp_path=tmp_path)
         sock = AsyncSocket(dealer, lambda f: None, lambda e: pytest.fail(repr(e)))
         while sock.try_send([b"fill"]):
             pass
@@ -51,10 +51,10 @@ def test_every_waiting_writer_is_woken_when_room_appears():
     run(main())
 
 
-def test_a_writer_gets_socket_closed_not_cancelled():
+def test_a_writer_gets_socket_closed_not_cancelled(tmp_path):
     async def main():
         ctx = zmq.Context()
-        router, dealer, _ = _pair(ctx, hwm=1)
+        router, dealer, _ = _pair(ctx, hwm=1, tmp_path=tmp_path)
         sock = AsyncSocket(dealer, lambda f: None, lambda e: pytest.fail(repr(e)))
         while sock.try_send([b"fill"]):
             pass
