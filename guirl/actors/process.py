@@ -61,6 +61,7 @@ def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
             actor=spec.name,
             rotate_bytes=cfg.recorder.rotate_bytes,
             directions=tuple(cfg.recorder.directions),
+            sockets=tuple(cfg.recorder.sockets),
         )
     return cls(
         spec.name, runtime=cfg.runtime, codec=cfg.codec, bind=spec.bind, recorder=recorder, **spec.options

@@ -90,6 +90,8 @@ class RecorderConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Record messages to disk."""
     directions: list[Literal["in", "out"]] = msgspec.field(default_factory=lambda: ["in", "out"])
     """Which directions to record: inbound, outbound or both."""
+    sockets: list[str] = msgspec.field(default_factory=list)
+    """Which sockets to record: `mailbox` and/or connection names (e.g. `broker`); empty records all."""
     dir: str = ""
     """Directory for message logs; empty means <run_dir>/msglogs."""
     rotate_bytes: PosInt = 256 * 2**20

@@ -56,6 +56,7 @@ class Recorder:
         actor: str = "",
         rotate_bytes: int = 256 * 2**20,
         directions: Sequence[str] = fmt.DIRECTIONS,
+        sockets: Sequence[str] = (),
     ) -> None:
         if not name or "/" in name or os.sep in name:
             raise ValueError(f"bad log name {name!r}")
@@ -69,6 +70,7 @@ class Recorder:
         self.actor = actor
         self.rotate_bytes = rotate_bytes
         self.directions = frozenset(directions)
+        self.sockets = frozenset(sockets)  # empty: every socket
         self.directory.mkdir(parents=True, exist_ok=True)
         self.records = 0
         """Message records written."""
@@ -103,10 +105,10 @@ class Recorder:
     ) -> None:
         """Append one message: its wire frames `header`, `body` and `blobs` (bytes-like or zmq.Frame).
 
-        `peer` is the peer's name, or its routing id (bytes, written as hex). Directions this recorder
-        was not asked to keep are ignored.
+        `peer` is the peer's name, or its routing id (bytes, written as hex). Directions and sockets this
+        recorder was not asked to keep are ignored.
         """
-        if direction not in self.directions:
+        if direction not in self.directions or (self.sockets and sock not in self.sockets):
             return
         if self._closed:
             raise ValueError("record() on a closed Recorder")

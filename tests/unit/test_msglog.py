@@ -130,6 +130,14 @@ def test_directions_filter_and_closed(tmp_path: Path) -> None:
         Recorder(tmp_path, "log", directions=("sideways",))
 
 
+def test_sockets_filter(tmp_path: Path) -> None:
+    rec = Recorder(tmp_path, "log", sockets=("mailbox",))
+    record(rec, echo_frames("served"), direction="in", sock="mailbox")
+    record(rec, echo_frames("asked"), direction="out", sock="broker")
+    rec.close()
+    assert [(r.sock, r.body["text"]) for r in read_log([tmp_path])] == [("mailbox", "served")]
+
+
 def test_rotation_segments_are_self_contained(tmp_path: Path) -> None:
     write_log(tmp_path, n=6, rotate_bytes=200)
     segments = sorted(tmp_path.glob("*.msglog"))
