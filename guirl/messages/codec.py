@@ -53,8 +53,53 @@ def _buf(frame: Any) -> Any:
     return frame.buffer if hasattr(frame, "buffer") else frame
 
 
+def _type_depth(t: msgspec.inspect.Type, seen: frozenset) -> int | None:
+    """How deep containers of type `t` can nest: None when unbounded (`Any`, a recursive struct)."""
+    mi = msgspec.inspect
+    if isinstance(t, mi.AnyType):
+        return None
+    if isinstance(t, mi.StructType):
+        if t.cls in seen:
+            return None
+        depths = [_type_depth(f.type, seen | {t.cls}) for f in t.fields]
+        return None if None in depths else 1 + max(depths, default=0)
+    if isinstance(t, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+        inner = _type_depth(t.item_type, seen)
+        return None if inner is None else 1 + inner
+    if isinstance(t, mi.TupleType):
+        depths = [_type_depth(x, seen) for x in t.item_types]
+        return None if None in depths else 1 + max(depths, default=0)
+    if isinstance(t, mi.DictType):
+        inner = _type_depth(t.value_type, seen)
+        return None if inner is None else 1 + inner
+    if isinstance(t, mi.UnionType):
+        depths = [_type_depth(x, seen) for x in t.types]
+        return None if None in depths else max(depths, default=0)
+    if isinstance(t, mi.Metadata):
+        return _type_depth(t.type, seen)
+    return 0  # scalars, literals, bytes, Blob
+
+
+_STATIC_DEPTH: dict[type, int | None] = {}
+
+
+def static_depth(cls: type) -> int | None:
+    """The deepest nesting any instance of message class `cls` can have (None: unbounded, must be walked)."""
+    try:
+        return _STATIC_DEPTH[cls]
+    except KeyError:
+        depth = _type_depth(msgspec.inspect.type_info(cls), frozenset())
+        _STATIC_DEPTH[cls] = depth
+        return depth
+
+
 def check_depth(obj: Any, max_depth: int) -> None:
-    """Raise `CodecError("too_deep")` if containers nest deeper than `max_depth`. Iterative."""
+    """Raise `CodecError("too_deep")` if containers nest deeper than `max_depth`. Iterative; skipped for
+    message types whose schema already bounds their depth within the limit."""
+    if isinstance(obj, msgspec.Struct):
+        bound = static_depth(type(obj))
+        if bound is not None and bound <= max_depth:
+            return
     stack: list[tuple[Any, int]] = [(obj, 1)]
     while stack:
         item, depth = stack.pop()

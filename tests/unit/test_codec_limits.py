@@ -296,3 +296,26 @@ def test_limits_apply_to_buffer_frames() -> None:
     assert decode_error(frames, CodecLimits(max_frame_bytes=16)).code == "too_large"
     big_header = FakeFrame(bytes(5000))
     assert decode_error([big_header, frames[1]]).code == "too_large"
+
+
+def test_static_depth_skips_the_walk_only_where_the_schema_bounds_it() -> None:
+    from guirl.messages.codec import static_depth
+    from guirl.messages.types import PolicyRequest, Trajectory
+
+    assert static_depth(Echo) == 2 and static_depth(Heartbeat) == 1
+    assert static_depth(PolicyRequest) == 5 and static_depth(Trajectory) == 5
+    assert static_depth(EpisodeAssignment) is None  # `task` is free-form: always walked
+    check_depth(Echo(text="x" * 1000, blobs=[Blob(b"a")] * 10), 2)  # within its static bound
+    with pytest.raises(CodecError):  # a limit below the static bound still walks, and catches it
+        check_depth(
+            Trajectory(
+                episode_id="e",
+                task_id="t",
+                group_id="g",
+                sample_index=0,
+                status="completed",
+                reward=1.0,
+                steps=[],
+            ),
+            0,
+        )
