@@ -11,26 +11,26 @@ from guirl.actors.zsock import AsyncSocket, SocketClosed
 from tests.helpers import run
 
 
-def _pair(ctx: zmq.Context, hwm: int, tmp_path) -> tuple[zmq.Socket, zmq.Socket, str]:
-    """A ROUTER (not yet bound: the dealer's queue fills up at its HWM) and a DEALER connected to it.
-    ipc, not tcp: a tcp port left unbound may be taken before we bind it again."""
+def _full_dealer(ctx: zmq.Context, tmp_path) -> tuple[zmq.Socket, AsyncSocket, str]:
+    """A DEALER whose queue (HWM 1) is full, because the ROUTER it connects to is not bound yet.
+    ipc, not tcp: a tcp port left unbound may be taken before we bind it."""
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
     endpoint = f"ipc://{tmp_path}/router.sock"
     dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.SNDHWM, hwm)
+    dealer.setsockopt(zmq.SNDHWM, 1)
     dealer.setsockopt(zmq.LINGER, 0)
     dealer.connect(endpoint)
-    return router, dealer, endpoint
+    sock = AsyncSocket(dealer, lambda f: None, lambda e: pytest.fail(repr(e)))
+    while sock.try_send([b"fill"]):
+        pass
+    return router, sock, endpoint
 
 
 def test_every_waiting_writer_is_woken_when_room_appears(tmp_path):
     async def main():
         ctx = zmq.Context()
-        router, dealer, endpoint = _pair(ctx, hwm=1, tmp_path=tmp_path)
-        sock = AsyncSocket(dealer, lambda f: None, lambda e: pytest.fail(repr(e)))
-        while sock.try_send([b"fill"]):
-            pass
+        router, sock, endpoint = _full_dealer(ctx, tmp_path)
         writers = [asyncio.create_task(sock.send([name], timeout=20)) for name in (b"A", b"B", b"C")]
         await asyncio.sleep(0)  # all three are now waiting for room
         router.bind(endpoint)
@@ -54,10 +54,7 @@ def test_every_waiting_writer_is_woken_when_room_appears(tmp_path):
 def test_a_writer_gets_socket_closed_not_cancelled(tmp_path):
     async def main():
         ctx = zmq.Context()
-        router, dealer, _ = _pair(ctx, hwm=1, tmp_path=tmp_path)
-        sock = AsyncSocket(dealer, lambda f: None, lambda e: pytest.fail(repr(e)))
-        while sock.try_send([b"fill"]):
-            pass
+        router, sock, _ = _full_dealer(ctx, tmp_path)
         writer = asyncio.create_task(sock.send([b"late"], timeout=20))
         await asyncio.sleep(0)
         sock.close()
