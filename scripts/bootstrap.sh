@@ -23,6 +23,8 @@ while read -r pkg check; do
     [[ -z "$pkg" || "$pkg" == \#* ]] && continue
     if [[ "$check" == py:* ]]; then
         "$PYTHON" -c "import ${check#py:}" >/dev/null 2>&1 || missing+=("$pkg")
+    elif [[ "$check" == path:* ]]; then
+        [[ -e "${check#path:}" ]] || missing+=("$pkg")
     else
         command -v "$check" >/dev/null 2>&1 || missing+=("$pkg")
     fi

@@ -1,0 +1,186 @@
+"""The `local` provider: each VM is a sandboxed X desktop on this machine (see `sandbox.py`).
+
+A VM is a directory under the provider's root: `home/` (the user's home, restored from a template at
+every reset), `shared/` (the VM server's socket), `etc/` (the sandbox's passwd and group), `vm.json`
+(tag, owner pid, session pid) and `session.log`. Reset kills the session and restores the home: seconds.
+A pool process that dies (even by SIGKILL) takes its VMs with it (`--die-with-parent`); directories it
+left behind are reaped by the next provider on the same root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from guirl.vmpool.provider import ProviderError
+from guirl.vmpool.sandbox import SHARED, bwrap_argv
+
+log = logging.getLogger(__name__)
+
+SOCKET = "api.sock"
+
+
+@dataclass
+class LocalVM:
+    """One running (or stopped) local desktop."""
+
+    vm_id: str
+    dir: Path
+    tag: str
+    proc: asyncio.subprocess.Process | None = None
+    display: str = ""
+    started_at: float = 0.0
+    resets: int = 0
+    log_file: object = field(default=None, repr=False)
+
+    @property
+    def socket(self) -> Path:
+        return self.dir / "shared" / SOCKET
+
+
+class LocalProvider:
+    """Sandboxed Xvfb desktops under `root`."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        width: int = 1920,
+        height: int = 1080,
+        png_level: int = 1,
+        template: str | os.PathLike[str] | None = None,
+        start_timeout_s: float = 60.0,
+        window_manager: str = "icewm",
+    ) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.width, self.height, self.png_level = width, height, png_level
+        self.template = Path(template) if template else self._default_template()
+        self.start_timeout_s = start_timeout_s
+        self.window_manager = window_manager
+        self.vms: dict[str, LocalVM] = {}
+
+    def _default_template(self) -> Path:
+        tpl = self.root / "template-home"
+        if not tpl.exists():
+            tmp = self.root / f".template-{uuid.uuid4().hex[:6]}"
+            (tmp / "Desktop").mkdir(parents=True)
+            (tmp / ".bashrc").write_text("PS1='user@guirl-vm:\\w$ '\n")
+            os.replace(tmp, tpl)
+        return tpl
+
+    # -- the Provider interface -----------------------------------------------------------------------
+
+    async def create(self, tag: str) -> str:
+        vm_id = f"vm-{uuid.uuid4().hex[:8]}"
+        vm_dir = self.root / vm_id
+        (vm_dir / "shared").mkdir(parents=True)
+        vm = LocalVM(vm_id=vm_id, dir=vm_dir, tag=tag)
+        self.vms[vm_id] = vm
+        try:
+            await asyncio.to_thread(self._restore_home, vm)
+            await self._start(vm)
+        except BaseException:
+            await self.delete(vm_id)
+            raise
+        return vm_id
+
+    def address(self, vm_id: str) -> str:
+        return f"unix://{self.vms[vm_id].socket}"
+
+    async def reset(self, vm_id: str) -> None:
+        vm = self.vms[vm_id]
+        await self._stop(vm)
+        await asyncio.to_thread(self._restore_home, vm)
+        await self._start(vm)
+        vm.resets += 1
+
+    async def delete(self, vm_id: str) -> None:
+        vm = self.vms.pop(vm_id, None)
+        if vm is None:
+            return
+        await self._stop(vm)
+        await asyncio.to_thread(shutil.rmtree, vm.dir, True)
+
+    async def list(self, tag: str) -> list[str]:
+        return [v.vm_id for v in self.vms.values() if v.tag == tag]
+
+    # -- sessions ---------------------------------------------------------------------------------------
+
+    def _restore_home(self, vm: LocalVM) -> None:
+        home = vm.dir / "home"
+        if home.exists():
+            shutil.rmtree(home)
+        shutil.copytree(self.template, home, symlinks=True)
+
+    async def _start(self, vm: LocalVM) -> None:
+        command = [
+            sys.executable,
+            "-m",
+            "guirl.vmpool.session",
+            "--socket",
+            f"{SHARED}/{SOCKET}",
+            "--width",
+            str(self.width),
+            "--height",
+            str(self.height),
+            "--png-level",
+            str(self.png_level),
+            "--wm",
+            self.window_manager,
+        ]
+        vm.socket.unlink(missing_ok=True)
+        vm.log_file = open(vm.dir / "session.log", "ab")  # noqa: SIM115  (closed in _stop)
+        vm.proc = await asyncio.create_subprocess_exec(
+            *bwrap_argv(vm.dir, command),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=vm.log_file,
+        )
+        self._write_state(vm)
+        try:
+            line = await asyncio.wait_for(vm.proc.stdout.readline(), self.start_timeout_s)
+            ready = json.loads(line) if line else {}
+        except (TimeoutError, json.JSONDecodeError, UnicodeDecodeError):
+            ready = {}
+        if not isinstance(ready, dict):
+            ready = {}
+        if not ready.get("ready"):
+            tail = (vm.dir / "session.log").read_text(errors="replace")[-800:]
+            await self._stop(vm)
+            raise ProviderError(
+                f"local VM {vm.vm_id} did not start within {self.start_timeout_s:.0f} s: {tail}"
+            )
+        vm.display, vm.started_at = ready["display"], time.time()
+        log.info("local VM %s ready on %s (display %s)", vm.vm_id, vm.socket, vm.display)
+
+    async def _stop(self, vm: LocalVM) -> None:
+        proc, vm.proc = vm.proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)  # the sandbox's PID namespace goes with it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+        if vm.log_file is not None:
+            vm.log_file.close()
+            vm.log_file = None
+
+    def _write_state(self, vm: LocalVM) -> None:
+        state = {"tag": vm.tag, "owner": os.getpid(), "session": vm.proc.pid if vm.proc else 0}
+        tmp = vm.dir / ".vm.json.tmp"
+        tmp.write_text(json.dumps(state))
+        os.replace(tmp, vm.dir / "vm.json")
+
+    def alive(self, vm_id: str) -> bool:
+        vm = self.vms.get(vm_id)
+        return vm is not None and vm.proc is not None and vm.proc.returncode is None

@@ -1,0 +1,247 @@
+"""The VM server's HTTP application (aiohttp).
+
+OSWorld's routes keep OSWorld's request and response shapes, so a client written for an OSWorld image
+drives a guirl desktop unchanged. guirl adds `POST /action`: a typed action (JSON, see
+`guirl.agent.actions`) executed in-process, answered with MessagePack `{ok, error, screenshot}` —
+the next screenshot comes in the same reply, as raw bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import msgspec
+from aiohttp import web
+
+from guirl.agent.actions import AnyAction
+from guirl.vmpool.server.desktop import Desktop
+
+log = logging.getLogger(__name__)
+
+EXECUTE_TIMEOUT_S = 120.0
+"""How long `/execute` lets a command run (OSWorld's value)."""
+MAX_REQUEST_BYTES = 256 * 2**20
+"""Largest request body (an upload) the server accepts."""
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"status": "error", "message": message}, status=status)
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object (OSWorld's clients send JSON; some send form fields)."""
+    if request.content_type == "application/json":
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"status": "error", "message": f"bad JSON: {exc}"}),
+                content_type="application/json",
+            ) from None
+    else:
+        data = dict(await request.post())
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(
+            text=json.dumps({"status": "error", "message": "expected a JSON object"}),
+            content_type="application/json",
+        )
+    return data
+
+
+def _command(data: dict[str, Any]) -> tuple[list[str] | str, bool]:
+    command, shell = data.get("command"), bool(data.get("shell", False))
+    if isinstance(command, str):
+        return (command if shell else shlex.split(command)), shell
+    if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
+        return (shlex.join(command) if shell else command), shell
+    raise web.HTTPBadRequest(
+        text=json.dumps(
+            {"status": "error", "message": "'command' must be a string or a non-empty list of strings"}
+        ),
+        content_type="application/json",
+    )
+
+
+class VMServer:
+    """Routes and their state: the desktop, the user's environment for commands, one action thread."""
+
+    def __init__(self, desktop: Desktop, *, env: dict[str, str] | None = None, home: str = "") -> None:
+        self.desktop = desktop
+        self.env = dict(env or os.environ)
+        self.home = home or self.env.get("HOME", "/")
+        # actions and screenshots run on one thread, in order, off the event loop
+        self.gui_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gui")
+        self.launched: list[subprocess.Popen] = []
+
+    async def in_gui(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.gui_thread, fn, *args)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        r = app.router
+        r.add_get("/screenshot", self.screenshot)
+        r.add_get("/platform", self.platform)
+        r.add_post("/screen_size", self.screen_size)
+        r.add_get("/cursor_position", self.cursor_position)
+        r.add_post("/execute", self.execute)
+        r.add_post("/setup/execute", self.execute)
+        r.add_post("/setup/launch", self.launch)
+        r.add_post("/file", self.file)
+        r.add_post("/setup/upload", self.upload)
+        r.add_post("/list_directory", self.list_directory)
+        r.add_post("/action", self.action)
+        r.add_get("/health", self.health)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _cleanup(self, _app: web.Application) -> None:
+        self.gui_thread.shutdown(wait=False, cancel_futures=True)
+
+    # -- observation ---------------------------------------------------------------------------------
+
+    async def screenshot(self, request: web.Request) -> web.Response:
+        level = request.query.get("level")
+        try:
+            png = await self.in_gui(self.desktop.screenshot, int(level) if level is not None else None)
+        except ValueError as exc:
+            return _error(400, f"bad level: {exc}")
+        return web.Response(body=png, content_type="image/png")
+
+    async def platform(self, _request: web.Request) -> web.Response:
+        return web.Response(text="Linux")
+
+    async def screen_size(self, _request: web.Request) -> web.Response:
+        w, h = await self.in_gui(self.desktop.screen_size)
+        return web.json_response({"width": w, "height": h})
+
+    async def cursor_position(self, _request: web.Request) -> web.Response:
+        return web.json_response(list(await self.in_gui(self.desktop.cursor_position)))
+
+    async def health(self, _request: web.Request) -> web.Response:
+        """guirl's liveness check: the X server must answer, not just this process."""
+        try:
+            w, h = await asyncio.wait_for(self.in_gui(self.desktop.screen_size), 5.0)
+        except Exception as exc:  # noqa: BLE001  (any failure to reach the display is ill health)
+            return _error(503, f"display unreachable: {exc!r}")
+        return web.json_response({"status": "ok", "width": w, "height": h})
+
+    # -- commands ------------------------------------------------------------------------------------
+
+    async def execute(self, request: web.Request) -> web.Response:
+        data = await _json(request)
+        command, shell = _command(data)
+        try:
+            proc = await asyncio.to_thread(
+                subprocess.run,
+                command,
+                shell=shell,
+                capture_output=True,
+                text=True,
+                env=self.env,
+                cwd=self.home,
+                timeout=EXECUTE_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            return _error(500, f"command timed out after {EXECUTE_TIMEOUT_S:.0f} s")
+        except OSError as exc:
+            return _error(500, f"cannot run the command: {exc}")
+        return web.json_response(
+            {"status": "success", "output": proc.stdout, "error": proc.stderr, "returncode": proc.returncode}
+        )
+
+    async def launch(self, request: web.Request) -> web.Response:
+        data = await _json(request)
+        command, shell = _command(data)
+        try:
+            proc = subprocess.Popen(
+                command,
+                shell=shell,
+                env=self.env,
+                cwd=self.home,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return _error(500, f"cannot launch: {exc}")
+        self.launched.append(proc)
+        return web.Response(text=f"{command} launched successfully")
+
+    # -- files ---------------------------------------------------------------------------------------
+
+    def _path(self, raw: Any) -> Path:
+        if not isinstance(raw, str) or not raw:
+            raise web.HTTPBadRequest(
+                text=json.dumps({"status": "error", "message": "a path is required"}),
+                content_type="application/json",
+            )
+        return Path(os.path.expanduser(raw.replace("~", self.home, 1) if raw.startswith("~") else raw))
+
+    async def file(self, request: web.Request) -> web.StreamResponse:
+        path = self._path((await _json(request)).get("file_path"))
+        if not path.is_file():
+            return _error(404, f"file not found: {path}")
+        return web.FileResponse(path)
+
+    async def upload(self, request: web.Request) -> web.Response:
+        reader = await request.multipart()
+        path, data = None, None
+        async for part in reader:
+            if part.name == "file_path":
+                path = self._path(await part.text())
+            elif part.name == "file_data":
+                data = await part.read()
+        if path is None or data is None:
+            return _error(400, "needs multipart fields file_path and file_data")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        except OSError as exc:
+            return _error(500, f"cannot write {path}: {exc}")
+        return web.Response(text="File uploaded")
+
+    async def list_directory(self, request: web.Request) -> web.Response:
+        path = self._path((await _json(request)).get("path"))
+        if not path.is_dir():
+            return _error(404, f"not a directory: {path}")
+
+        def tree(p: Path, depth: int = 0) -> dict[str, Any]:
+            node: dict[str, Any] = {"name": p.name, "type": "directory" if p.is_dir() else "file"}
+            if p.is_dir() and depth < 16:
+                try:
+                    node["children"] = [tree(c, depth + 1) for c in sorted(p.iterdir())]
+                except OSError:
+                    node["children"] = []
+            return node
+
+        return web.json_response(await asyncio.to_thread(tree, path))
+
+    # -- typed actions -------------------------------------------------------------------------------
+
+    async def action(self, request: web.Request) -> web.Response:
+        """Execute one typed action and answer with the next screenshot: `{ok, error, screenshot}`."""
+        try:
+            act = msgspec.json.decode(await request.read(), type=AnyAction)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return self._action_reply(False, f"bad action: {exc}", None, status=400)
+        want_shot = request.query.get("screenshot", "1") != "0"
+        try:
+            await self.in_gui(self.desktop.perform, act)
+        except (ValueError, TypeError) as exc:  # not doable here (off-screen, unknown key): nothing changed
+            return self._action_reply(False, str(exc), None, status=422)
+        png = await self.in_gui(self.desktop.screenshot, None) if want_shot else None
+        return self._action_reply(True, "", png)
+
+    @staticmethod
+    def _action_reply(ok: bool, error: str, png: bytes | None, status: int = 200) -> web.Response:
+        body = msgpack.packb({"ok": ok, "error": error, "screenshot": png})
+        return web.Response(body=body, status=status, content_type="application/msgpack")

@@ -1,0 +1,160 @@
+"""A desktop session: the program that runs inside a local VM's sandbox.
+
+It starts the X server (Xvfb, readiness via `-displayfd`, no polling), a window manager, and the VM server
+on a Unix socket in a directory shared with the host, then prints one JSON line `{"ready": ...}` on
+stdout. It ends — taking its children with it — on SIGTERM, or as soon as the X server dies, so the host
+sees a dead VM at once.
+
+    python -m guirl.vmpool.session --socket /tmp/guirl/api.sock --width 1920 --height 1080
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def start_x(width: int, height: int, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
+    """Xvfb on the first free display number; returns (process, ":N") once it accepts clients."""
+    x11 = Path("/tmp/.X11-unix")
+    x11.mkdir(exist_ok=True)
+    x11.chmod(0o1777)  # Xvfb, not root here, refuses a socket dir it cannot trust
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        [
+            "Xvfb",
+            "-displayfd",
+            str(write_fd),
+            "-screen",
+            "0",
+            f"{width}x{height}x24",
+            "-nolisten",
+            "tcp",
+            "-noreset",
+        ],
+        pass_fds=(write_fd,),
+        stdout=subprocess.DEVNULL,
+        # to the session log: a pipe nobody reads fills up with X warnings, and Xvfb blocks on it
+        stderr=sys.stderr,
+    )
+    os.close(write_fd)
+    # Xvfb writes "N\n" when it accepts clients; read the whole line before closing our end, or a late
+    # newline meets a closed pipe and Xvfb dies ("Cannot write display number to fd")
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.endswith(b"\n"):
+        ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(read_fd, 64) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    os.close(read_fd)
+    number = data.decode().strip()
+    if not number:
+        proc.kill()
+        raise RuntimeError(f"Xvfb did not start within {timeout:.0f} s (its messages are in the session log)")
+    return proc, f":{number}"
+
+
+def wait_for_window_manager(display: str, timeout: float = 30.0) -> bool:
+    """Until a window manager runs on `display` (it sets `_NET_SUPPORTING_WM_CHECK` on the root window).
+
+    Applications started before the window manager has taken over can be left unmanaged and never
+    shown, so a session is not ready until this holds. Event-driven: we listen for property changes
+    on the root window."""
+    from Xlib import X
+    from Xlib import display as xdisplay
+
+    conn = xdisplay.Display(display)
+    try:
+        root = conn.screen().root
+        atom = conn.intern_atom("_NET_SUPPORTING_WM_CHECK")
+        root.change_attributes(event_mask=X.PropertyChangeMask)
+        deadline = time.monotonic() + timeout
+        while root.get_full_property(atom, X.AnyPropertyType) is None:
+            while conn.pending_events():
+                conn.next_event()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            select.select([conn.fileno()], [], [], remaining)  # wakes on the next X event
+        return True
+    finally:
+        conn.close()
+
+
+async def serve(args: argparse.Namespace, ready_out: int) -> int:
+    from aiohttp import web
+
+    from guirl.vmpool.server.app import VMServer
+    from guirl.vmpool.server.desktop import Desktop
+
+    home = os.environ.get("HOME", "/home/user")
+    xauth = Path(home) / ".Xauthority"
+    xauth.touch(exist_ok=True)  # pyautogui insists on the file, even empty
+    xvfb, display = start_x(args.width, args.height)
+    env = dict(os.environ, DISPLAY=display, XAUTHORITY=str(xauth), XDG_SESSION_TYPE="x11")
+    os.environ.update(DISPLAY=display, XAUTHORITY=str(xauth), XDG_SESSION_TYPE="x11")
+    children = [xvfb]
+    if args.wm:
+        children.append(
+            subprocess.Popen([args.wm], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        )
+        if not await asyncio.to_thread(wait_for_window_manager, display):
+            print(f"guirl session: the window manager {args.wm!r} did not start", file=sys.stderr, flush=True)
+            return 4
+    server = VMServer(Desktop(display, png_level=args.png_level), env=env, home=home)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    sock = Path(args.socket)
+    sock.unlink(missing_ok=True)
+    await web.UnixSite(runner, str(sock)).start()
+    os.write(ready_out, (json.dumps({"ready": True, "display": display, "pid": os.getpid()}) + "\n").encode())
+    os.close(ready_out)
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    x_died = loop.run_in_executor(None, xvfb.wait)  # the display is the VM: without it, end
+    await asyncio.wait([asyncio.ensure_future(stop.wait()), x_died], return_when=asyncio.FIRST_COMPLETED)
+    code = 0 if stop.is_set() else 3
+    if not stop.is_set():
+        try:
+            status = x_died.result()
+        except Exception as exc:  # noqa: BLE001
+            status = repr(exc)
+        print(f"guirl session: the X server exited ({status}); ending", file=sys.stderr, flush=True)
+    await runner.cleanup()
+    for proc in [*server.launched, *reversed(children)]:
+        if proc.poll() is None:
+            proc.terminate()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", required=True, help="Unix socket the VM server listens on")
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--png-level", type=int, default=1, help="PNG compression level of screenshots (0-9)")
+    ap.add_argument("--wm", default="icewm", help="window manager to run ('' for none)")
+    args = ap.parse_args(argv)
+    # stdout carries exactly one line to the host, the ready line; whatever else anyone prints (a library's
+    # warning, a child process) goes to the session log with stderr
+    ready_out = os.dup(1)
+    os.dup2(2, 1)
+    import uvloop
+
+    return uvloop.run(serve(args, ready_out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

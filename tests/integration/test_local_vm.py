@@ -1,0 +1,161 @@
+"""Real local VMs: sandboxed Xvfb desktops with the VM server, driven through `VMClient`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+
+from guirl.agent.actions import Click, Hotkey, TypeText
+from guirl.vmpool.client import VMClient, VMFatalError
+from guirl.vmpool.local import LocalProvider
+from tests.helpers import run
+
+W, H = 800, 600  # small screens keep the tests fast; the default is 1920x1080
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", png[16:24])
+
+
+@contextlib.asynccontextmanager
+async def local_vm(tmp_path: Path):
+    provider = LocalProvider(tmp_path / "vms", width=W, height=H)
+    vm = await provider.create("test")
+    client = VMClient(provider.address(vm), timeout_s=30)
+    try:
+        yield provider, vm, client
+    except Exception as exc:  # say what the VM's session said: the cause is often there
+        state = provider.vms[vm]
+        log = (state.dir / "session.log").read_text(errors="replace")[-4000:]
+        code = state.proc.returncode if state.proc else None
+        raise AssertionError(f"{exc!r}\nsession exit code: {code}\n--- session log ---\n{log}") from exc
+    finally:
+        await client.close()
+        await provider.delete(vm)
+
+
+async def _terminal(client: VMClient) -> None:
+    """Open an xterm and give it the keyboard focus, waiting until it has a window."""
+    await client.launch(["xterm", "-geometry", "80x20+0+0"])
+    result = await client.execute(
+        ["xdotool", "search", "--sync", "--onlyvisible", "--class", "xterm"], timeout_s=30
+    )
+    assert result["returncode"] == 0, result
+    assert (await client.act(Click(x=100, y=100), screenshot=False)).ok
+
+
+async def _type_and_wait(client: VMClient, line: str, marker: str) -> None:
+    """Type a shell line that ends by creating ~/<marker>, and wait until the file exists."""
+    assert (await client.act(TypeText(text=f"{line}; touch ~/{marker}\n"), screenshot=False)).ok
+    done = await client.execute(
+        ["bash", "-c", f"for i in $(seq 100); do [ -e ~/{marker} ] && exit 0; sleep 0.1; done; exit 1"]
+    )
+    assert done["returncode"] == 0, f"the terminal did not run {line!r}"
+
+
+def test_desktop_screenshot_execute_and_typed_actions(tmp_path):
+    async def main():
+        async with local_vm(tmp_path) as (provider, vm, client):
+            assert await client.platform() == "Linux"
+            assert await client.screen_size() == (W, H)
+            assert _png_size(await client.screenshot()) == (W, H)
+            whoami = await client.execute(["bash", "-c", "id -un; echo $HOME; pwd"])
+            assert whoami["output"].split() == ["user", "/home/user", "/home/user"]
+            await _terminal(client)
+            await _type_and_wait(client, "echo typed > ~/typed.txt", "m1")
+            assert await client.get_file("/home/user/typed.txt") == b"typed\n"
+            assert await client.get_file("/home/user/nope.txt") is None
+            # a typed action comes back with the next screenshot
+            result = await client.act(Hotkey(keys=["ctrl", "l"]))
+            assert result.ok and _png_size(result.screenshot) == (W, H)
+            # bad actions are refused with a reason, and the server keeps serving
+            for bad in (Click(x=W + 5, y=1), Hotkey(keys=["nosuchkey"])):
+                refused = await client.act(bad)
+                assert not refused.ok and refused.error
+            with pytest.raises(VMFatalError):
+                await client.execute([])
+            with pytest.raises(VMFatalError, match="400 bad action: JSON is malformed"):
+                await client._call(
+                    "POST",
+                    "/action",
+                    idempotent=False,
+                    data=b"{not json",
+                    headers={"Content-Type": "application/json"},
+                )
+            assert await client.health()  # still serving
+
+    run(main())
+
+
+def test_reset_restores_a_pristine_home(tmp_path):
+    async def main():
+        async with local_vm(tmp_path) as (provider, vm, client):
+            await client.upload("/home/user/Desktop/notes.txt", b"dirty")
+            assert await client.get_file("/home/user/Desktop/notes.txt") == b"dirty"
+            await provider.reset(vm)
+            assert await client.get_file("/home/user/Desktop/notes.txt") is None
+            assert await client.health()
+
+    run(main())
+
+
+def test_sandbox_keeps_the_host_safe(tmp_path):
+    tag = os.urandom(4).hex()
+    host_tmp_canary = Path("/tmp") / f"guirl-canary-{tag}"
+    host_home_canary = Path.home() / f".guirl-canary-{tag}"
+    for canary in (host_tmp_canary, host_home_canary):
+        canary.write_text("still here")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+
+    async def main():
+        async with local_vm(tmp_path) as (_provider, _vm, client):
+            await _terminal(client)
+            # what a careless agent might type, aimed at the host's files
+            await _type_and_wait(client, "rm -rf ~ /tmp/guirl-canary-* ~/.guirl-canary-*; mkdir -p ~", "m1")
+            await _type_and_wait(client, "cat /etc/shadow > /tmp/x; echo pwned > /tmp/x", "m2")
+            probe = await client.execute(
+                [
+                    "python3",
+                    "-c",
+                    f"import socket; s = socket.socket(); s.settimeout(2); "
+                    f"print(s.connect_ex(('127.0.0.1', {port})))",
+                ]
+            )
+            assert probe["returncode"] == 0 and probe["output"].strip() != "0", probe  # refused inside
+            inside = await client.execute(["bash", "-c", "cat /tmp/x; ls /root /work 2>&1 | head -3"])
+            assert inside["output"].startswith("pwned")  # the VM's own /tmp got it
+
+    try:
+        run(main())
+        assert host_tmp_canary.read_text() == "still here"
+        assert host_home_canary.read_text() == "still here"
+        assert not Path("/tmp/x").exists() or Path("/tmp/x").read_text() != "pwned\n"
+        with pytest.raises(BlockingIOError):  # nobody from the VM ever reached the host's port
+            listener.accept()
+    finally:
+        listener.close()
+        for canary in (host_tmp_canary, host_home_canary):
+            canary.unlink(missing_ok=True)
+
+
+def test_a_vm_whose_x_server_dies_is_seen_dead(tmp_path):
+    async def main():
+        async with local_vm(tmp_path) as (provider, vm, client):
+            assert await client.health() and provider.alive(vm)
+            await client.execute(["pkill", "-x", "Xvfb"])
+            # the session ends with its display; wait for that, then the health check says so
+            await asyncio.wait_for(provider.vms[vm].proc.wait(), 30)
+            assert not provider.alive(vm) and not await client.health(timeout_s=2)
+
+    run(main())
