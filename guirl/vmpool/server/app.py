@@ -234,11 +234,10 @@ class VMServer:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return self._action_reply(False, f"bad action: {exc}", None, status=400)
         want_shot = request.query.get("screenshot", "1") != "0"
-        try:
-            await self.in_gui(self.desktop.perform, act)
+        try:  # one trip to the GUI thread for both: the step's latency is what an agent waits for
+            png = await self.in_gui(self.desktop.perform_and_capture, act, want_shot)
         except (ValueError, TypeError) as exc:  # not doable here (off-screen, unknown key): nothing changed
             return self._action_reply(False, str(exc), None, status=422)
-        png = await self.in_gui(self.desktop.screenshot, None) if want_shot else None
         return self._action_reply(True, "", png)
 
     @staticmethod
