@@ -30,6 +30,23 @@ log = logging.getLogger(__name__)
 SOCKET = "api.sock"
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @dataclass
 class LocalVM:
     """One running (or stopped) local desktop."""
@@ -69,6 +86,30 @@ class LocalProvider:
         self.start_timeout_s = start_timeout_s
         self.window_manager = window_manager
         self.vms: dict[str, LocalVM] = {}
+        self.reaped = self.reap_stale()
+
+    def reap_stale(self) -> list[str]:
+        """Remove the VMs a dead pool process left under `root` (kill their sessions if any survived).
+
+        VMs of a live owner (another pool sharing the root) are left alone."""
+        reaped = []
+        for vm_dir in sorted(self.root.glob("vm-*")):
+            try:
+                state = json.loads((vm_dir / "vm.json").read_text())
+            except (OSError, ValueError):
+                state = {}
+            owner = int(state.get("owner", 0) or 0)
+            if owner and owner != os.getpid() and _running(owner):
+                continue
+            session = int(state.get("session", 0) or 0)
+            if session and _running(session) and str(vm_dir) in _cmdline(session):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(session, signal.SIGKILL)
+            shutil.rmtree(vm_dir, ignore_errors=True)
+            reaped.append(vm_dir.name)
+        if reaped:
+            log.warning("reaped %d VMs left by a dead pool under %s: %s", len(reaped), self.root, reaped)
+        return reaped
 
     def _default_template(self) -> Path:
         tpl = self.root / "template-home"
