@@ -151,7 +151,7 @@ class VMClient:
     async def get_file(self, path: str) -> bytes | None:
         """The file's bytes, or None if the VM has no such file."""
         try:
-            return (await self._call("POST", "/file", idempotent=True, json={"file_path": path}))[1]
+            return (await self._call("POST", "/file", idempotent=True, data={"file_path": path}))[1]
         except VMFatalError as exc:
             if exc.status == 404:
                 return None
@@ -164,9 +164,9 @@ class VMClient:
         await self._call("POST", "/setup/upload", idempotent=False, data=form)
 
     async def list_directory(self, path: str) -> dict:
-        return json.loads(
-            (await self._call("POST", "/list_directory", idempotent=True, json={"path": path}))[1]
-        )
+        """The tree under `path`: `{"name", "type", "children": [...]}`."""
+        body = (await self._call("POST", "/list_directory", idempotent=True, json={"path": path}))[1]
+        return json.loads(body)["directory_tree"]
 
     # -- guirl's additions -----------------------------------------------------------------------------
 

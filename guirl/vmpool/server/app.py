@@ -24,6 +24,7 @@ from aiohttp import web
 
 from guirl.agent.actions import AnyAction
 from guirl.vmpool.server.desktop import Desktop
+from guirl.vmpool.server.extra import ExtraRoutes
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +59,12 @@ async def _json(request: web.Request) -> dict[str, Any]:
 
 
 def _command(data: dict[str, Any]) -> tuple[list[str] | str, bool]:
+    """OSWorld's rules: a string is split unless `shell`; list items starting with `~/` are expanded."""
     command, shell = data.get("command"), bool(data.get("shell", False))
-    if isinstance(command, str):
+    if isinstance(command, str) and command:
         return (command if shell else shlex.split(command)), shell
     if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
+        command = [os.path.expanduser(c) if c.startswith("~/") else c for c in command]
         return (shlex.join(command) if shell else command), shell
     raise web.HTTPBadRequest(
         text=json.dumps(
@@ -100,6 +103,7 @@ class VMServer:
         r.add_post("/list_directory", self.list_directory)
         r.add_post("/action", self.action)
         r.add_get("/health", self.health)
+        ExtraRoutes(self).add(app)
         app.on_cleanup.append(self._cleanup)
         return app
 
@@ -187,10 +191,13 @@ class VMServer:
         return Path(os.path.expanduser(raw.replace("~", self.home, 1) if raw.startswith("~") else raw))
 
     async def file(self, request: web.Request) -> web.StreamResponse:
-        path = self._path((await _json(request)).get("file_path"))
+        raw = (await _json(request)).get("file_path")
+        if not raw:
+            return web.json_response({"error": "file_path is required"}, status=400)
+        path = self._path(raw)
         if not path.is_file():
-            return _error(404, f"file not found: {path}")
-        return web.FileResponse(path)
+            return web.json_response({"error": "File not found"}, status=404)
+        return web.FileResponse(path, headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
     async def upload(self, request: web.Request) -> web.Response:
         reader = await request.multipart()
@@ -201,18 +208,21 @@ class VMServer:
             elif part.name == "file_data":
                 data = await part.read()
         if path is None or data is None:
-            return _error(400, "needs multipart fields file_path and file_data")
+            return web.json_response({"error": "file_path and file_data are required"}, status=400)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
         except OSError as exc:
-            return _error(500, f"cannot write {path}: {exc}")
-        return web.Response(text="File uploaded")
+            return web.json_response({"error": f"Failed to upload file: {exc}"}, status=500)
+        return web.Response(text=f"File Uploaded: {len(data)} bytes")
 
     async def list_directory(self, request: web.Request) -> web.Response:
-        path = self._path((await _json(request)).get("path"))
+        raw = (await _json(request)).get("path")
+        if not raw:
+            return web.json_response({"error": "Missing 'path' parameter"}, status=400)
+        path = self._path(raw)
         if not path.is_dir():
-            return _error(404, f"not a directory: {path}")
+            return web.json_response({"error": "The provided path is not a directory"}, status=400)
 
         def tree(p: Path, depth: int = 0) -> dict[str, Any]:
             node: dict[str, Any] = {"name": p.name, "type": "directory" if p.is_dir() else "file"}
@@ -223,7 +233,7 @@ class VMServer:
                     node["children"] = []
             return node
 
-        return web.json_response(await asyncio.to_thread(tree, path))
+        return web.json_response({"directory_tree": await asyncio.to_thread(tree, path)})
 
     # -- typed actions -------------------------------------------------------------------------------
 
