@@ -17,6 +17,7 @@ $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/sy
 
 $(VENV)/.stamp-test: $(VENV)/.stamp-runtime
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps desktop-env==1.0.2
 	touch $@
 
 setup: $(VENV)/.stamp-runtime

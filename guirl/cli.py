@@ -4,6 +4,8 @@
     guirl replay ...            read, filter, export and re-send message logs (also `bin/replay`)
     guirl config show           the resolved configuration as TOML (`--describe`: every setting documented)
     guirl actor run TARGET      run one actor in the foreground (module:Class), e.g. as a replay target
+    guirl tasks check PATH...   validate task files; per domain, how many guirl fully supports
+    guirl vm shot|run ...       a local VM: a screenshot, or a task set up, acted on and evaluated
     guirl version
 
 Configuration: `--config FILE.toml`, then the seed's environment variables, then `--set key=value`.
@@ -51,6 +53,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"{summary['distinct_screenshots_stored']} distinct screenshots stored"
     )
     print(f"[demo] supervisor: {', '.join(summary['supervisor_events'])}")
+    for ep in summary.get("desktops", {}).get("episodes", []):
+        print(
+            f"[demo] local VM {ep['vm']}: task {ep['task']} scored {ep['score']} in {ep['steps']} steps "
+            f"({ep['seconds']} s)"
+        )
     print(f"[demo] run directory: {summary['run_dir']}")
     print(f"[demo] try: bin/replay list {summary['run_dir']}/msglogs --type echo --actor broker")
     return 0
@@ -97,6 +104,16 @@ def cmd_actor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tasks_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from guirl.vmpool.tasks.check import check, render
+
+    report = check([Path(p) for p in args.paths])
+    print(render(report))
+    return 1 if report.errors else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from guirl.msglog.cli import add_arguments as replay_arguments
 
@@ -131,6 +148,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-dir", default="", help="where message logs go (default: current directory)")
     _config_args(run)
     run.set_defaults(func=cmd_actor)
+    p = sub.add_parser("tasks", help="OSWorld task files")
+    tsub = p.add_subparsers(dest="tasks_cmd", required=True)
+    tc = tsub.add_parser("check", help="validate task files; per domain, how many guirl fully supports")
+    tc.add_argument("paths", nargs="+", metavar="PATH", help="task files, directories, or meta lists")
+    tc.set_defaults(func=cmd_tasks_check)
+    p = sub.add_parser("vm", help="a local VM: screenshots, running a task with actions")
+    from guirl.vmpool.cli import add_arguments as vm_arguments
+
+    vm_arguments(p)
+    p.set_defaults(func=lambda a: __import__("guirl.vmpool.cli", fromlist=["run"]).run(a))
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
     return parser
@@ -139,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from guirl.actors.errors import FatalError
     from guirl.config import ConfigError
+    from guirl.errors import InputError
 
     args = build_parser().parse_args(argv)
     try:
@@ -149,6 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     except FatalError as exc:
         print(f"guirl: {exc}", file=sys.stderr)
         return 1
+    except InputError as exc:
+        print(f"guirl: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -117,5 +117,9 @@ async def run_demo(cfg: GuirlConfig, run_dir: Path | None = None) -> dict:
         "distinct_screenshots_stored": len(blobs),
         "log_warnings": reader.warnings,
     }
+    if cfg.demo.desktops:
+        from guirl.vmpool.demo import run_desktops
+
+        summary["desktops"] = await run_desktops(run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     return summary

@@ -218,6 +218,8 @@ class DemoConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Simulated inference time per step at the stand-in broker, in seconds."""
     kill_one: bool = True
     """SIGKILL the broker midway to show failure detection, supervision and reconnection."""
+    desktops: bool = True
+    """Also bring up two local VMs and play two shipped tasks with their reference solutions."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

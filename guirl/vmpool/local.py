@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from guirl.vmpool.sandbox import SHARED, bwrap_argv
 log = logging.getLogger(__name__)
 
 SOCKET = "api.sock"
+UNIX_PATH_MAX = 100  # AF_UNIX paths are limited to 108 bytes; keep a margin
 
 
 def _running(pid: int) -> bool:
@@ -106,6 +108,7 @@ class LocalProvider:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(session, signal.SIGKILL)
             shutil.rmtree(vm_dir, ignore_errors=True)
+            Path(tempfile.gettempdir(), f"guirl-{vm_dir.name}").unlink(missing_ok=True)
             reaped.append(vm_dir.name)
         if reaped:
             log.warning("reaped %d VMs left by a dead pool under %s: %s", len(reaped), self.root, reaped)
@@ -137,7 +140,17 @@ class LocalProvider:
         return vm_id
 
     def address(self, vm_id: str) -> str:
-        return f"unix://{self.vms[vm_id].socket}"
+        return f"unix://{self._socket_path(self.vms[vm_id])}"
+
+    def _socket_path(self, vm: LocalVM) -> Path:
+        """The VM server's socket as a path short enough for AF_UNIX (108 bytes): a deep VM directory is
+        reached through a short symlink in the temporary directory."""
+        if len(str(vm.socket)) < UNIX_PATH_MAX:
+            return vm.socket
+        link = Path(tempfile.gettempdir()) / f"guirl-{vm.vm_id}"
+        if not link.is_symlink():
+            link.symlink_to(vm.dir / "shared")
+        return link / SOCKET
 
     async def reset(self, vm_id: str) -> None:
         vm = self.vms[vm_id]
@@ -151,6 +164,7 @@ class LocalProvider:
         if vm is None:
             return
         await self._stop(vm)
+        Path(tempfile.gettempdir(), f"guirl-{vm_id}").unlink(missing_ok=True)
         await asyncio.to_thread(shutil.rmtree, vm.dir, True)
 
     async def list(self, tag: str) -> list[str]:

@@ -59,6 +59,11 @@ def test_demo_end_to_end(tmp_path):
     assert tomllib.loads(config)["demo"]["steps"] == 4
     assert not (tmp_path / "broker.sock").exists()  # the ipc socket file is gone with the broker
     assert "SIGKILLed the broker" in out.stdout and "restarted the broker" in out.stdout
+    # two local VMs played two shipped tasks with their reference solutions
+    desktops = summary["desktops"]
+    assert [e["score"] for e in desktops["episodes"]] == [1.0, 1.0]
+    assert len({e["vm"] for e in desktops["episodes"]}) == 2 and desktops["pool"]["replaced"] == 0
+    assert out.stdout.count("scored 1.0") == 2
     listed = subprocess.run(
         [
             sys.executable,

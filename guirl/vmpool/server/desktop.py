@@ -85,7 +85,13 @@ class Desktop:
                 at = {"x": x, "y": y} if x is not None and y is not None else {}
                 (g.hscroll if hor else g.scroll)(a, **at)
             case TypeText(text=text):
-                g.write(text, interval=0.0)
+                # pyautogui types "<" as ">" on X (a keysym mapping bug OSWorld also works around)
+                pieces = text.split("<")
+                for i, piece in enumerate(pieces):
+                    if piece:
+                        g.write(piece, interval=0.0)
+                    if i < len(pieces) - 1:
+                        g.hotkey("shift", ",")
             case Hotkey(keys=keys):
                 unknown = [k for k in keys if not g.isValidKey(k.lower())]
                 if unknown:

@@ -1,0 +1,5 @@
+"""Errors shared across packages."""
+
+
+class InputError(ValueError):
+    """Bad input a person gave (a task file, a solution file): the message names the file and the field."""

@@ -1,0 +1,76 @@
+"""Scoring a task after an episode: postconfig, then the evaluator's getters and metrics.
+
+OSWorld's semantics (docs/osworld-compat.md §4): `func` alone or a list joined by `conj` (`and`: any 0
+gives 0, else the mean; `or`: any 1 gives 1, else the max); an `infeasible` task scores 1 only when the
+agent's last action was FAIL, and any other task scores 0 when it was. What guirl does differently, on
+purpose: a metric or getter that crashes raises `EvaluationError` — an environment fault the episode is
+aborted for, never a score of 0 that would be trained on as the policy's failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from guirl.agent.actions import Fail
+from guirl.vmpool.client import VMClient
+from guirl.vmpool.tasks.getters import UnsupportedGetter, get
+from guirl.vmpool.tasks.metrics import UnsupportedMetric, get_metric
+from guirl.vmpool.tasks.model import Task
+from guirl.vmpool.tasks.setup import TaskContext, run_setup
+
+
+class EvaluationError(RuntimeError):
+    """The evaluator itself failed (a getter, a metric, the postconfig): the task cannot be scored."""
+
+
+def _failed(actions: list[Any]) -> bool:
+    last = actions[-1] if actions else None
+    return isinstance(last, Fail) or last == "FAIL"
+
+
+def _at(value: Any, i: int, n: int) -> Any:
+    if isinstance(value, list):
+        return value[i]
+    return value if n == 1 else None
+
+
+async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
+    """The task's score in [0, 1] for the episode whose actions are `ctx.actions`."""
+    ev = task.evaluator
+    try:
+        await run_setup(client, ev.postconfig, ctx, where="evaluator.postconfig")
+    except Exception as exc:
+        raise EvaluationError(f"{task.id}: postconfig failed: {exc}") from exc
+    if task.infeasible:
+        return 1.0 if _failed(ctx.actions) else 0.0
+    if _failed(ctx.actions):
+        return 0.0
+    funcs = task.funcs
+    n = len(funcs)
+    scores: list[float] = []
+    for i, name in enumerate(funcs):
+        try:
+            metric = get_metric(name)
+            try:
+                result = await get(_at(ev.result, i, n), client, ctx)
+            except FileNotFoundError:
+                score = 0.0
+            else:
+                options = _at(ev.options, i, n) or {}
+                expected_cfg = _at(ev.expected, i, n)
+                if expected_cfg:
+                    score = float(metric(result, await get(expected_cfg, client, ctx), **options))
+                else:
+                    score = float(metric(result, **options))
+        except (UnsupportedMetric, UnsupportedGetter) as exc:
+            raise EvaluationError(f"{task.id}: {exc}") from exc
+        except Exception as exc:
+            raise EvaluationError(f"{task.id}: evaluator {name} failed: {type(exc).__name__}: {exc}") from exc
+        if ev.conj == "and" and score == 0.0:
+            return 0.0
+        if ev.conj == "or" and score == 1.0:
+            return 1.0
+        scores.append(score)
+    if not scores:
+        return 0.0
+    return sum(scores) / len(scores) if ev.conj == "and" else max(scores)

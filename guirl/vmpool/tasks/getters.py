@@ -1,0 +1,128 @@
+"""Getters: how an evaluator obtains what it scores (a file from the VM, a command's output, a rule).
+
+Each is `await get(config, client, ctx)`; `config["type"]` names it. A file getter returns the local path
+of the fetched file (None when the VM has no such file, as OSWorld does), or a list when `multi`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from guirl.vmpool.client import VMClient, VMError
+from guirl.vmpool.tasks.files import copy_into, fetch
+from guirl.vmpool.tasks.setup import TaskContext
+
+
+class UnsupportedGetter(Exception):
+    """The task uses a getter guirl does not implement."""
+
+
+def _pairs(config: dict[str, Any]) -> tuple[list[str], list[str], list[int] | None]:
+    paths, dests = config["path"], config["dest"]
+    if not config.get("multi", False):
+        return [paths], [dests], None
+    return list(paths), list(dests), list(config.get("gives", [0]))
+
+
+def _give(values: list[Any], gives: list[int] | None) -> Any:
+    if gives is None:
+        return values[0]
+    picked = [values[i] for i in gives]
+    return picked[0] if len(picked) == 1 else picked
+
+
+async def vm_file(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    paths, dests, gives = _pairs(config)
+    out = []
+    for path, dest in zip(paths, dests, strict=True):
+        data = await client.get_file(path)
+        if data is None:
+            out.append(None)
+            continue
+        local = ctx.cache_dir / dest
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(data)
+        out.append(str(local))
+    return _give(out, gives)
+
+
+async def cloud_file(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    paths, dests, gives = _pairs(config)
+    out = []
+    for url, dest in zip(paths, dests, strict=True):
+        local = await fetch(url, ctx.download_cache)
+        out.append(str(copy_into(local, ctx.cache_dir / dest)))
+    return _give(out, gives)
+
+
+async def rule(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    return config.get("rules")
+
+
+async def vm_command_line(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    try:
+        return (await client.execute(config["command"], shell=bool(config.get("shell", False))))["output"]
+    except VMError:
+        return None
+
+
+async def vm_command_error(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    try:
+        return (await client.execute(config["command"], shell=bool(config.get("shell", False))))["error"]
+    except VMError:
+        return None
+
+
+async def vm_terminal_output(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    try:
+        body = (await client._call("GET", "/terminal", idempotent=True))[1]
+    except VMError:
+        return None  # no AT-SPI on this desktop: like OSWorld when it finds no terminal
+    import json
+
+    return json.loads(body).get("output")
+
+
+async def list_directory(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    try:
+        return await client.list_directory(config["path"])
+    except VMError:
+        return None
+
+
+async def vm_screen_size(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    w, h = await client.screen_size()
+    return {"width": w, "height": h}
+
+
+async def cache_file(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    path = ctx.cache_dir / config["path"]
+    if not path.exists():
+        raise FileNotFoundError(os.fspath(path))
+    return str(path)
+
+
+GETTERS: dict[str, Callable[[dict[str, Any], VMClient, TaskContext], Awaitable[Any]]] = {
+    "vm_file": vm_file,
+    "cloud_file": cloud_file,
+    "rule": rule,
+    "vm_command_line": vm_command_line,
+    "vm_command_error": vm_command_error,
+    "vm_terminal_output": vm_terminal_output,
+    "list_directory": list_directory,
+    "vm_screen_size": vm_screen_size,
+    "cache_file": cache_file,
+}
+"""Getter types guirl implements, by OSWorld name."""
+
+
+async def get(config: dict[str, Any] | None, client: VMClient, ctx: TaskContext) -> Any:
+    if config is None:
+        return None
+    kind = config.get("type")
+    fn = GETTERS.get(str(kind))
+    if fn is None:
+        raise UnsupportedGetter(f"getter {kind!r} is not implemented")
+    return await fn(config, client, ctx)

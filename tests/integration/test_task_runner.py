@@ -1,0 +1,146 @@
+"""OSWorld task setup and evaluation on a real local VM, with files served from a loopback HTTP server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from guirl.agent.actions import Done, Fail
+from guirl.vmpool.tasks.evaluate import evaluate
+from guirl.vmpool.tasks.files import cache_path
+from guirl.vmpool.tasks.model import parse_task
+from guirl.vmpool.tasks.setup import SetupError, TaskContext, run_setup
+from tests.helpers import run
+from tests.integration.test_local_vm import local_vm
+
+
+@contextlib.asynccontextmanager
+async def file_server(files: dict[str, bytes]):
+    """A real HTTP server on 127.0.0.1 (random port) serving `files`; counts requests per path."""
+    hits: dict[str, int] = {}
+
+    async def serve(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        hits[name] = hits.get(name, 0) + 1
+        if name not in files:
+            raise web.HTTPNotFound()
+        return web.Response(body=files[name])
+
+    app = web.Application()
+    app.router.add_get("/{name}", serve)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", hits
+    finally:
+        await runner.cleanup()
+
+
+def _ctx(tmp_path: Path, task_id: str) -> TaskContext:
+    (tmp_path / "cache" / task_id).mkdir(parents=True, exist_ok=True)
+    return TaskContext(
+        task_id=task_id,
+        cache_dir=tmp_path / "cache" / task_id,
+        download_cache=tmp_path / "downloads",
+        width=800,
+        height=600,
+    )
+
+
+def task(**kw) -> object:
+    base = {"id": "t", "instruction": "x", "config": [], "evaluator": {"func": "infeasible"}}
+    base.update(kw)
+    return parse_task(json.dumps(base))
+
+
+def test_setup_download_and_evaluate(tmp_path):
+    async def main():
+        async with (
+            file_server({"notes.txt": b"alpha\nbeta\n"}) as (url, hits),
+            local_vm(tmp_path) as (_p, _v, client),
+        ):
+            t = task(
+                id="notes",
+                config=[
+                    {
+                        "type": "download",
+                        "parameters": {
+                            "files": [{"url": f"{url}/notes.txt", "path": "/home/user/Desktop/notes.txt"}]
+                        },
+                    },
+                    {
+                        "type": "execute",
+                        "parameters": {"command": ["bash", "-c", "echo {SCREEN_WIDTH_HALF} > ~/half.txt"]},
+                    },
+                    {"type": "sleep", "parameters": {"seconds": 0.1}},
+                ],
+                evaluator={
+                    "func": ["compare_text_file", "exact_match", "check_include_exclude"],
+                    "result": [
+                        {"type": "vm_file", "path": "/home/user/Desktop/notes.txt", "dest": "notes.txt"},
+                        {"type": "vm_command_line", "command": ["cat", "/home/user/half.txt"]},
+                        {"type": "vm_command_line", "command": "ls /home/user/Desktop", "shell": True},
+                    ],
+                    "expected": [
+                        {"type": "cloud_file", "path": f"{url}/notes.txt", "dest": "notes_gold.txt"},
+                        {"type": "rule", "rules": {"expected": "400\n"}},
+                        {"type": "rule", "rules": {"include": ["notes.txt"], "exclude": ["secret"]}},
+                    ],
+                },
+            )
+            ctx = _ctx(tmp_path, t.id)
+            await run_setup(client, t.config, ctx)
+            assert hits["notes.txt"] == 1 and cache_path(ctx.download_cache, f"{url}/notes.txt").exists()
+            ctx.actions = [Done()]
+            assert await evaluate(t, client, ctx) == 1.0
+            # the agent damages the file: the conjunction fails
+            await client.execute(["bash", "-c", "echo gamma >> ~/Desktop/notes.txt"])
+            assert await evaluate(t, client, ctx) == 0.0
+            assert hits["notes.txt"] == 1  # the gold file came from the cache, keyed by URL
+            # a URL that cannot be reached is a clear setup error, never a silent pass
+            broken = task(
+                config=[
+                    {
+                        "type": "download",
+                        "parameters": {"files": [{"url": f"{url}/missing.txt", "path": "/home/user/x"}]},
+                    }
+                ]
+            )
+            with pytest.raises(SetupError, match="missing.txt.*404"):
+                await run_setup(client, broken.config, ctx)
+            with pytest.raises(SetupError, match="not implemented"):
+                await run_setup(client, task(config=[{"type": "googledrive", "parameters": {}}]).config, ctx)
+
+    run(main())
+
+
+def test_infeasible_scores_one_only_after_fail(tmp_path):
+    async def main():
+        async with local_vm(tmp_path) as (_p, _v, client):
+            infeasible = task(id="inf")
+            feasible = task(
+                id="feas",
+                evaluator={
+                    "func": "exact_match",
+                    "result": {"type": "rule", "rules": 1},
+                    "expected": {"type": "rule", "rules": {"expected": 1}},
+                },
+            )
+            ctx = _ctx(tmp_path, "inf")
+            for actions, inf_score, feas_score in (
+                ([Fail()], 1.0, 0.0),
+                ([Done()], 0.0, 1.0),
+                ([], 0.0, 1.0),
+            ):
+                ctx.actions = actions
+                assert await evaluate(infeasible, client, ctx) == inf_score
+                assert await evaluate(feasible, client, ctx) == feas_score
+
+    run(main())

@@ -1,0 +1,68 @@
+"""Loading OSWorld task files: all of OSWorld's parse; a bad file gets an error naming the file and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from guirl.vmpool.tasks.model import TaskError, load_task, parse_task, substitute
+
+OSWORLD = Path(__file__).resolve().parents[3] / "shared" / "osworld" / "examples"
+
+GOOD = {
+    "id": "t1",
+    "instruction": "do it",
+    "config": [{"type": "execute", "parameters": {"command": ["echo", "{SCREEN_WIDTH_HALF}"]}}],
+    "evaluator": {
+        "func": "exact_match",
+        "result": {"type": "rule", "rules": 1},
+        "expected": {"type": "rule"},
+    },
+}
+
+
+def test_every_osworld_task_file_loads():
+    files = sorted(OSWORLD.glob("*/*.json"))
+    assert len(files) >= 369, f"expected OSWorld's task files under {OSWORLD}"
+    for f in files:
+        load_task(f)
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda t: t.pop("instruction"), "instruction"),
+        (lambda t: t["config"][0].pop("type"), "config[0]"),
+        (lambda t: t["config"].__setitem__(0, {"type": 5}), "config[0].type"),
+        (lambda t: t["evaluator"].__setitem__("conj", "xor"), "evaluator.conj"),
+        (lambda t: t["config"][0]["parameters"].__setitem__("command", ["echo", "{NO_SUCH}"]), "{NO_SUCH}"),
+        (lambda t: t["config"][0]["parameters"].__setitem__("command", []), "config[0].parameters.command"),
+        (lambda t: t["evaluator"].__setitem__("func", ["a", "b"]), "evaluator.result"),
+        (lambda t: t["evaluator"].pop("result"), "evaluator.result"),
+    ],
+)
+def test_bad_task_files_name_the_file_and_the_field(tmp_path, mutate, field):
+    task = json.loads(json.dumps(GOOD))
+    mutate(task)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(task))
+    with pytest.raises(TaskError) as err:
+        load_task(path)
+    assert str(path) in str(err.value) and field in str(err.value)
+
+
+def test_not_json_and_missing_file(tmp_path):
+    with pytest.raises(TaskError, match="not valid JSON"):
+        parse_task(b"{nope", "x.json")
+    with pytest.raises(TaskError, match="cannot read"):
+        load_task(tmp_path / "missing.json")
+
+
+def test_placeholders_are_substituted_in_osworld_order():
+    got = substitute(
+        ["{SCREEN_WIDTH_HALF}x{SCREEN_HEIGHT}", "{CLIENT_PASSWORD}"], password="pw", width=1920, height=1080
+    )
+    assert got == ["960x1080", "pw"]
+    assert substitute("sudo -S {CLIENT_PASSWORD}", password="p", width=1, height=1) == "sudo -S p"
