@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -291,6 +292,8 @@ def test_compare_table_rejects_what_it_cannot_score(tmp_path: Path) -> None:
         validate_rules([_data("XX0")])
     with pytest.raises(ValueError, match="unknown regex flag"):
         validate_rules([_cell("A1", value=("re.NOPE", "x"))])
+    with pytest.raises(re.error):
+        validate_rules([_cell("A1", value=("re", "(unclosed"))])
     with pytest.raises(ValueError, match="needs the expected workbook"):
         compare_table(result, rules=[_data()])
 

@@ -9,6 +9,7 @@ aborted for, never a score of 0 that would be trained on as the policy's failure
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from guirl.agent.actions import Fail
@@ -58,10 +59,12 @@ async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
             else:
                 options = _at(ev.options, i, n) or {}
                 expected_cfg = _at(ev.expected, i, n)
+                # metrics read files (spreadsheets, documents): off the event loop
                 if expected_cfg:
-                    score = float(metric(result, await get(expected_cfg, client, ctx), **options))
+                    expected = await get(expected_cfg, client, ctx)
+                    score = float(await asyncio.to_thread(metric, result, expected, **options))
                 else:
-                    score = float(metric(result, **options))
+                    score = float(await asyncio.to_thread(metric, result, **options))
         except (UnsupportedMetric, UnsupportedGetter) as exc:
             raise EvaluationError(f"{task.id}: {exc}") from exc
         except Exception as exc:
