@@ -98,21 +98,14 @@ def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None =
             argv += ["--ro-bind", f"/etc/{name}", f"/etc/{name}"]
     for name in ("passwd", "group", "hostname", "hosts", "resolv.conf"):
         argv += ["--ro-bind", str(etc / name), f"/etc/{name}"]
+    # the empty, private directories first: a bind under one of them must come after it, or the tmpfs
+    # hides it (a checkout under /tmp, as CI may use, puts the venv there)
+    argv += ["--dev", "/dev", "--proc", "/proc"]
+    for private in ("/tmp", "/run", "/var/tmp", "/home"):
+        argv += ["--tmpfs", private]
     for root in python_roots():
         argv += ["--ro-bind", root, root]
     argv += [
-        "--dev",
-        "/dev",
-        "--proc",
-        "/proc",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/run",
-        "--tmpfs",
-        "/var/tmp",
-        "--tmpfs",
-        "/home",
         "--bind",
         str(vm_dir / "home"),
         HOME,
