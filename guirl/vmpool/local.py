@@ -29,6 +29,26 @@ from guirl.vmpool.sandbox import SHARED, bwrap_argv
 log = logging.getLogger(__name__)
 
 SOCKET = "api.sock"
+TEMPLATE_VERSION = "2"
+"""Bumped whenever the default home template changes, so an old one is not reused."""
+
+LIBREOFFICE_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
+<oor:items xmlns:oor="http://openoffice.org/2001/registry" xmlns:xs="http://www.w3.org/2001/XMLSchema"
+  xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">
+<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="ShowTipOfTheDay" oor:op="fuse">
+<value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Common/Misc"><prop oor:name="FirstRun" oor:op="fuse">
+<value>false</value></prop></item>
+<item oor:path="/org.openoffice.Setup/Product"><prop oor:name="ooSetupLastVersion" oor:op="fuse">
+<value>99.9</value></prop></item>
+<item oor:path="/org.openoffice.Setup/Office"><prop oor:name="ooSetupInstCompleted" oor:op="fuse">
+<value>true</value></prop></item>
+<item oor:path="/org.openoffice.Office.Common/Save/Document"><prop oor:name="WarnAlienFormat" oor:op="fuse">
+<value>false</value></prop></item>
+<item oor:path="/org.openoffice.Office.Recovery/RecoveryInfo"><prop oor:name="Enabled" oor:op="fuse">
+<value>false</value></prop></item>
+</oor:items>
+"""
 UNIX_PATH_MAX = 100  # AF_UNIX paths are limited to 108 bytes; keep a margin
 
 
@@ -115,11 +135,16 @@ class LocalProvider:
         return reaped
 
     def _default_template(self) -> Path:
-        tpl = self.root / "template-home"
+        tpl = self.root / f"template-home-v{TEMPLATE_VERSION}"
         if not tpl.exists():
             tmp = self.root / f".template-{uuid.uuid4().hex[:6]}"
             (tmp / "Desktop").mkdir(parents=True)
             (tmp / ".bashrc").write_text("PS1='user@guirl-vm:\\w$ '\n")
+            # a LibreOffice profile as a desktop image would ship it: no first-run dialogs, and saving in
+            # a document's own format (xlsx, docx) without asking
+            lo_user = tmp / ".config" / "libreoffice" / "4" / "user"
+            lo_user.mkdir(parents=True)
+            (lo_user / "registrymodifications.xcu").write_text(LIBREOFFICE_PROFILE)
             os.replace(tmp, tpl)
         return tpl
 

@@ -144,3 +144,35 @@ def test_infeasible_scores_one_only_after_fail(tmp_path):
                 assert await evaluate(feasible, client, ctx) == feas_score
 
     run(main())
+
+
+def test_open_and_window_steps(tmp_path):
+    async def main():
+        async with local_vm(tmp_path) as (_p, _v, client):
+            await client.upload("/home/user/Desktop/open-me.txt", b"hi\n")
+            t = task(
+                config=[
+                    {"type": "open", "parameters": {"path": "/home/user/Desktop/open-me.txt"}},
+                    {"type": "activate_window", "parameters": {"window_name": "open-me.txt"}},
+                ]
+            )
+            ctx = _ctx(tmp_path, "open")
+            await run_setup(client, t.config, ctx)  # returns once the file's window exists
+            windows = (await client.execute(["wmctrl", "-l"]))["output"]
+            assert "open-me.txt" in windows
+            close = task(config=[{"type": "close_window", "parameters": {"window_name": "open-me.txt"}}])
+            await run_setup(client, close.config, ctx)
+            left = await client.execute(
+                [
+                    "bash",
+                    "-c",
+                    "for i in $(seq 50); do wmctrl -l | grep -q open-me || exit 0; sleep 0.1; done; exit 1",
+                ]
+            )
+            assert left["returncode"] == 0, "the window was not closed"
+            with pytest.raises(SetupError, match="404"):
+                await run_setup(
+                    client, task(config=[{"type": "open", "parameters": {"path": "/nope.txt"}}]).config, ctx
+                )
+
+    run(main())
