@@ -46,6 +46,7 @@ class _VM:
     state: str = "idle"  # idle | busy | resetting
     lease: Lease | None = None
     generation: int = 0  # bumped at every reset: a health verdict about an older generation is stale
+    idle_since: float = field(default_factory=time.monotonic)
 
 
 class VMPool:
@@ -60,6 +61,7 @@ class VMPool:
         prewarm: int = 0,
         prewarm_concurrency: int = 4,
         lease_ttl_s: float = 120.0,
+        idle_ttl_s: float = 600.0,
         health_interval_s: float = 5.0,
         health_timeout_s: float = 5.0,
     ) -> None:
@@ -68,6 +70,7 @@ class VMPool:
         self.max_envs = max_envs
         self.prewarm = min(prewarm, max_envs)
         self.lease_ttl_s = lease_ttl_s
+        self.idle_ttl_s = idle_ttl_s
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self._create_slots = asyncio.Semaphore(max(1, prewarm_concurrency))
@@ -77,7 +80,15 @@ class VMPool:
         self._changed = asyncio.Condition()
         self._monitor: asyncio.Task | None = None
         self._closed = False
-        self.counters = {"created": 0, "failed": 0, "replaced": 0, "resets": 0, "leases": 0, "expired": 0}
+        self.counters = {
+            "created": 0,
+            "failed": 0,
+            "replaced": 0,
+            "resets": 0,
+            "leases": 0,
+            "expired": 0,
+            "retired": 0,
+        }
         self._reset_s: list[float] = []
 
     # -- life ---------------------------------------------------------------------------------------
@@ -194,7 +205,7 @@ class VMPool:
         self._reset_s = self._reset_s[-1000:]
         self.counters["resets"] += 1
         async with self._changed:
-            vm.state = "idle"
+            vm.state, vm.idle_since = "idle", time.monotonic()
             self._changed.notify_all()
 
     async def _replace(self, vm: _VM, why: str) -> None:
@@ -235,6 +246,7 @@ class VMPool:
                     self.counters["expired"] += 1
                     lease.broken = "lease expired"
                     await self.release(lease.lease_id)
+            await self._retire_idle(now)
             checks = [(v, v.generation) for v in self._vms.values() if v.state in ("idle", "busy")]
             results = await asyncio.gather(*(self._healthy(v) for v, _ in checks), return_exceptions=True)
             for (vm, generation), ok in zip(checks, results, strict=True):
@@ -242,6 +254,18 @@ class VMPool:
                 if ok is not True and current:
                     log.warning("VM %s failed its health check; replacing it", vm.vm_id)
                     await self._replace(vm, "the VM stopped answering")
+
+    async def _retire_idle(self, now: float) -> None:
+        """Delete VMs idle for longer than `idle_ttl_s`, keeping `prewarm` of them ready."""
+        idle = sorted((v for v in self._vms.values() if v.state == "idle"), key=lambda v: v.idle_since)
+        for vm in idle[: max(0, len(self._vms) - self.prewarm)]:
+            if now - vm.idle_since > self.idle_ttl_s and vm.state == "idle":
+                del self._vms[vm.vm_id]
+                self.counters["retired"] += 1
+                with contextlib.suppress(Exception):
+                    await self.provider.delete(vm.vm_id)
+                async with self._changed:
+                    self._changed.notify_all()
 
     async def wait_changed(self, timeout: float) -> None:
         """Until the pool's state changes (a VM created, released, replaced), or `timeout`."""

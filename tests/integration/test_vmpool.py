@@ -106,3 +106,20 @@ def test_a_killed_pool_leaves_no_sandbox_and_its_vms_are_reaped(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_idle_vms_beyond_the_prewarm_count_are_retired(tmp_path):
+    provider = LocalProvider(tmp_path / "vms", width=640, height=480)
+
+    async def main():
+        async with VMPool(provider, max_envs=2, prewarm=1, idle_ttl_s=0.3, health_interval_s=0.2) as pool:
+            a, b = await pool.acquire(), await pool.acquire()
+            await pool.release(a.lease_id)
+            await pool.release(b.lease_id)
+            while pool.metrics()["retired"] < 1:
+                await pool.wait_changed(30)
+            m = pool.metrics()
+            assert m["retired"] == 1 and m["idle"] == 1  # the pre-warmed one stays ready
+            assert len(list((tmp_path / "vms").glob("vm-*"))) == 1
+
+    run(main(), timeout=120)
