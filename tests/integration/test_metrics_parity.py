@@ -705,6 +705,7 @@ def test_deliberate_difference(d: Diff, data_dir: Path) -> None:
 
 
 def test_every_metric_has_parity_cases() -> None:
-    assert {c.metric for c in CASES} == set(METRICS), "every registered metric needs parity cases"
-    for metric in METRICS:
+    here = set(METRICS) - {"compare_pptx_files"}  # its cases are in test_metrics_parity_slides.py
+    assert {c.metric for c in CASES} == here, "every registered metric needs parity cases"
+    for metric in here:
         assert {0.0, 1.0} <= {c.want for c in CASES if c.metric == metric}, f"{metric}: need passes and fails"

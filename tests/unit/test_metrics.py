@@ -43,6 +43,7 @@ def test_registry_maps_osworld_names_to_metrics() -> None:
         "compare_text_file",
         "compare_table",
         "compare_docx_files",
+        "compare_pptx_files",
     }
     assert get_metric("compare_table") is compare_table
     assert get_metric("exact_match")("x", {"expected": "x"}) == 1.0

@@ -58,6 +58,21 @@ async def _json(request: web.Request) -> dict[str, Any]:
     return data
 
 
+@web.middleware
+async def _clear_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every failure gets a JSON answer: a value the request got wrong (a NUL in a path, a wrong type) is a
+    400; anything else a 500 that says what broke. Never an unexplained error page."""
+    try:
+        return await handler(request)
+    except web.HTTPException:
+        raise
+    except (ValueError, TypeError, KeyError) as exc:
+        return _error(400, f"bad request: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        log.exception("%s %s failed", request.method, request.path)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
 def _command(data: dict[str, Any]) -> tuple[list[str] | str, bool]:
     """OSWorld's rules: a string is split unless `shell`; list items starting with `~/` are expanded."""
     command, shell = data.get("command"), bool(data.get("shell", False))
@@ -89,7 +104,7 @@ class VMServer:
         return await asyncio.get_running_loop().run_in_executor(self.gui_thread, fn, *args)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_REQUEST_BYTES)
+        app = web.Application(client_max_size=MAX_REQUEST_BYTES, middlewares=[_clear_errors])
         r = app.router
         r.add_get("/screenshot", self.screenshot)
         r.add_get("/platform", self.platform)
@@ -158,6 +173,8 @@ class VMServer:
             return _error(500, f"command timed out after {EXECUTE_TIMEOUT_S:.0f} s")
         except OSError as exc:
             return _error(500, f"cannot run the command: {exc}")
+        except ValueError as exc:  # e.g. an embedded NUL
+            return _error(400, f"bad command: {exc}")
         return web.json_response(
             {"status": "success", "output": proc.stdout, "error": proc.stderr, "returncode": proc.returncode}
         )
@@ -177,6 +194,8 @@ class VMServer:
             )
         except OSError as exc:
             return _error(500, f"cannot launch: {exc}")
+        except ValueError as exc:
+            return _error(400, f"bad command: {exc}")
         self.launched.append(proc)
         return web.Response(text=f"{command} launched successfully")
 
@@ -200,13 +219,19 @@ class VMServer:
         return web.FileResponse(path, headers={"Content-Disposition": f'attachment; filename="{path.name}"'})
 
     async def upload(self, request: web.Request) -> web.Response:
-        reader = await request.multipart()
         path, data = None, None
-        async for part in reader:
-            if part.name == "file_path":
-                path = self._path(await part.text())
-            elif part.name == "file_data":
-                data = await part.read()
+        if not request.content_type.startswith("multipart/"):
+            return web.json_response(
+                {"error": "file_path and file_data are required (multipart)"}, status=400
+            )
+        try:
+            async for part in await request.multipart():
+                if part.name == "file_path":
+                    path = self._path(await part.text())
+                elif part.name == "file_data":
+                    data = await part.read()
+        except (ValueError, AssertionError, UnicodeDecodeError) as exc:  # a malformed multipart body
+            return web.json_response({"error": f"bad multipart body: {exc}"}, status=400)
         if path is None or data is None:
             return web.json_response({"error": "file_path and file_data are required"}, status=400)
         try:

@@ -53,6 +53,8 @@ class ExtraRoutes:
         r.add_post("/end_recording", self.recording)
 
     async def _run(self, argv: list[str], timeout: float = 30.0, **kw: Any) -> subprocess.CompletedProcess:
+        if any("\0" in a for a in argv):  # a NUL cannot be in an argument: the request is malformed
+            raise web.HTTPBadRequest(text="arguments must not contain NUL characters")
         return await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, env=self.server.env, timeout=timeout, **kw
         )

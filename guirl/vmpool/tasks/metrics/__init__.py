@@ -26,6 +26,7 @@ from guirl.vmpool.tasks.metrics.general import (  # noqa: E402
     is_in_list,
     literal_match,
 )
+from guirl.vmpool.tasks.metrics.slides import compare_pptx_files  # noqa: E402
 from guirl.vmpool.tasks.metrics.table import compare_table  # noqa: E402
 from guirl.vmpool.tasks.metrics.text import compare_text_file  # noqa: E402
 
@@ -41,6 +42,7 @@ METRICS: dict[str, Callable[..., float]] = {
     "compare_text_file": compare_text_file,
     "compare_table": compare_table,
     "compare_docx_files": compare_docx_files,
+    "compare_pptx_files": compare_pptx_files,
 }
 
 
