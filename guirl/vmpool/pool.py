@@ -96,7 +96,11 @@ class VMPool:
     async def start(self) -> None:
         """Pre-warm `prewarm` VMs (at most `prewarm_concurrency` being created at once) and start the
         health monitor."""
-        await asyncio.gather(*(self._add_vm() for _ in range(self.prewarm)))
+        results = await asyncio.gather(*(self._add_vm() for _ in range(self.prewarm)), return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:  # do not leave the VMs that did start behind
+            await self.close()
+            raise failures[0]
         self._monitor = asyncio.create_task(self._watch(), name="vmpool-monitor")
 
     async def close(self) -> None:
