@@ -16,6 +16,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guirl.vmpool.provider import ProviderError
-from guirl.vmpool.sandbox import SHARED, bwrap_argv
+from guirl.vmpool.sandbox import bwrap_argv
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,9 @@ class LocalVM:
 
     @property
     def socket(self) -> Path:
-        return self.dir / "shared" / SOCKET
+        """The server's socket, in the VM's directory on the host: not mounted in the sandbox, so nothing
+        inside can replace it (the session gets the listening socket as an inherited descriptor)."""
+        return self.dir / SOCKET
 
 
 class LocalProvider:
@@ -173,8 +176,11 @@ class LocalProvider:
         if len(str(vm.socket)) < UNIX_PATH_MAX:
             return vm.socket
         link = Path(tempfile.gettempdir()) / f"guirl-{vm.vm_id}"
-        if not link.is_symlink():
-            link.symlink_to(vm.dir / "shared")
+        try:
+            link.symlink_to(vm.dir)
+        except FileExistsError:
+            if not link.is_symlink() or os.readlink(link) != str(vm.dir):
+                raise ProviderError(f"{link} exists and is not this VM's link: refusing to use it") from None
         return link / SOCKET
 
     async def reset(self, vm_id: str) -> None:
@@ -204,12 +210,16 @@ class LocalProvider:
         shutil.copytree(self.template, home, symlinks=True)
 
     async def _start(self, vm: LocalVM) -> None:
+        vm.socket.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(vm.socket))
+        listener.listen(128)
         command = [
             sys.executable,
             "-m",
             "guirl.vmpool.session",
-            "--socket",
-            f"{SHARED}/{SOCKET}",
+            "--listen-fd",
+            str(listener.fileno()),
             "--width",
             str(self.width),
             "--height",
@@ -219,14 +229,17 @@ class LocalProvider:
             "--wm",
             self.window_manager,
         ]
-        vm.socket.unlink(missing_ok=True)
         vm.log_file = open(vm.dir / "session.log", "ab")  # noqa: SIM115  (closed in _stop)
-        vm.proc = await asyncio.create_subprocess_exec(
-            *bwrap_argv(vm.dir, command),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=vm.log_file,
-        )
+        try:
+            vm.proc = await asyncio.create_subprocess_exec(
+                *bwrap_argv(vm.dir, command),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=vm.log_file,
+                pass_fds=(listener.fileno(),),
+            )
+        finally:
+            listener.close()  # the session holds it now
         self._write_state(vm)
         try:
             line = await asyncio.wait_for(vm.proc.stdout.readline(), self.start_timeout_s)

@@ -79,6 +79,7 @@ class VMPool:
         self._starting = 0
         self._changed = asyncio.Condition()
         self._monitor: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()  # resets the pool owns
         self._closed = False
         self.counters = {
             "created": 0,
@@ -112,6 +113,8 @@ class VMPool:
                 await self._monitor
         for lease in self._leases.values():
             lease.broken = lease.broken or "the pool closed"
+        if self._tasks:  # let resets in flight finish before their VMs are deleted
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         vms, self._vms = list(self._vms.values()), {}
         await asyncio.gather(*(self.provider.delete(v.vm_id) for v in vms), return_exceptions=True)
         async with self._changed:
@@ -170,14 +173,21 @@ class VMPool:
         vm = self._vms.get(lease.vm_id)
         if vm is None:  # already replaced (it died while leased)
             return
-        await self._reset(vm)
+        # the pool owns the reset: a caller cancelled mid-release must not strand the VM in "resetting"
+        task = asyncio.create_task(self._reset(vm), name=f"reset:{vm.vm_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        await asyncio.shield(task)
 
     # -- internals ----------------------------------------------------------------------------------
 
-    async def _add_vm(self, reserved: bool = False) -> _VM:
+    async def _add_vm(self, reserved: bool = False, lend: bool = True) -> _VM:
+        """A new VM. `reserved`: the caller already counted it in `_starting`; `lend`: it is for the
+        caller to lend (busy), not to wait idle."""
         if not reserved:
             async with self._changed:
                 self._starting += 1
+        busy = reserved and lend
         try:
             async with self._create_slots:
                 vm_id = await self.provider.create(self.tag)
@@ -187,7 +197,13 @@ class VMPool:
                 self.counters["failed"] += 1
                 self._changed.notify_all()
             raise
-        vm = _VM(vm_id=vm_id, address=self.provider.address(vm_id), state="busy" if reserved else "idle")
+        if self._closed:  # the pool closed while this VM was being made: do not leak it
+            async with self._changed:
+                self._starting -= 1
+            with contextlib.suppress(Exception):
+                await self.provider.delete(vm_id)
+            raise PoolError("the pool closed")
+        vm = _VM(vm_id=vm_id, address=self.provider.address(vm_id), state="busy" if busy else "idle")
         async with self._changed:
             self._starting -= 1
             self._vms[vm_id] = vm
@@ -201,7 +217,7 @@ class VMPool:
         t = time.monotonic()
         try:
             await self.provider.reset(vm.vm_id)
-        except Exception as exc:  # noqa: BLE001  (a VM that cannot be reset is replaced, not trusted)
+        except BaseException as exc:  # a VM that could not be reset is replaced, not trusted
             log.warning("reset of %s failed (%s); replacing it", vm.vm_id, exc)
             await self._replace(vm, f"reset failed: {exc}")
             return
@@ -215,15 +231,18 @@ class VMPool:
     async def _replace(self, vm: _VM, why: str) -> None:
         if self._vms.pop(vm.vm_id, None) is None:
             return
+        self._starting += 1  # the replacement's slot, taken now: max_envs holds while we delete
         if vm.lease is not None:
             vm.lease.broken = why
             self._leases.pop(vm.lease.lease_id, None)
         self.counters["replaced"] += 1
         with contextlib.suppress(Exception):
             await self.provider.delete(vm.vm_id)
-        if not self._closed:
+        if self._closed:
+            self._starting -= 1
+        else:
             try:
-                await self._add_vm()
+                await self._add_vm(reserved=True, lend=False)
             except Exception as exc:  # noqa: BLE001  (counted as failed; acquire() creates on demand)
                 log.warning("could not create a replacement VM: %s", exc)
         async with self._changed:

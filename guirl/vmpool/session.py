@@ -5,7 +5,7 @@ on a Unix socket in a directory shared with the host, then prints one JSON line 
 stdout. It ends — taking its children with it — on SIGTERM, or as soon as the X server dies, so the host
 sees a dead VM at once.
 
-    python -m guirl.vmpool.session --socket /tmp/guirl/api.sock --width 1920 --height 1080
+    python -m guirl.vmpool.session --listen-fd 3 --width 1920 --height 1080
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,9 +114,12 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     server = VMServer(Desktop(display, png_level=args.png_level), env=env, home=home)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
-    sock = Path(args.socket)
-    sock.unlink(missing_ok=True)
-    await web.UnixSite(runner, str(sock)).start()
+    if args.listen_fd is not None:  # the host made the socket, where nothing in here can touch it
+        await web.SockSite(runner, socket.socket(fileno=args.listen_fd)).start()
+    else:
+        sock = Path(args.socket)
+        sock.unlink(missing_ok=True)
+        await web.UnixSite(runner, str(sock)).start()
     os.write(ready_out, (json.dumps({"ready": True, "display": display, "pid": os.getpid()}) + "\n").encode())
     os.close(ready_out)
 
@@ -141,7 +145,9 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--socket", required=True, help="Unix socket the VM server listens on")
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", help="Unix socket path the VM server listens on")
+    where.add_argument("--listen-fd", type=int, help="an inherited, already listening socket to serve on")
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--png-level", type=int, default=1, help="PNG compression level of screenshots (0-9)")

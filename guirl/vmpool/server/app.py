@@ -32,6 +32,8 @@ EXECUTE_TIMEOUT_S = 120.0
 """How long `/execute` lets a command run (OSWorld's value)."""
 MAX_REQUEST_BYTES = 256 * 2**20
 """Largest request body (an upload) the server accepts."""
+MAX_LISTED = 50_000
+"""Entries `/list_directory` returns at most (it answers 400 beyond)."""
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -249,16 +251,26 @@ class VMServer:
         if not path.is_dir():
             return web.json_response({"error": "The provided path is not a directory"}, status=400)
 
+        budget = [MAX_LISTED]
+
         def tree(p: Path, depth: int = 0) -> dict[str, Any]:
-            node: dict[str, Any] = {"name": p.name, "type": "directory" if p.is_dir() else "file"}
-            if p.is_dir() and depth < 16:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise OverflowError
+            # symlinks are listed, never followed: `ln -s . loop` must not make the tree infinite
+            is_dir = p.is_dir() and not p.is_symlink()
+            node: dict[str, Any] = {"name": p.name, "type": "directory" if is_dir else "file"}
+            if is_dir and depth < 16:
                 try:
                     node["children"] = [tree(c, depth + 1) for c in sorted(p.iterdir())]
                 except OSError:
                     node["children"] = []
             return node
 
-        return web.json_response({"directory_tree": await asyncio.to_thread(tree, path)})
+        try:
+            return web.json_response({"directory_tree": await asyncio.to_thread(tree, path)})
+        except OverflowError:
+            return web.json_response({"error": f"more than {MAX_LISTED} entries under {path}"}, status=400)
 
     # -- typed actions -------------------------------------------------------------------------------
 

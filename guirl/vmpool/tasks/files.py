@@ -34,10 +34,19 @@ async def fetch(url: str, cache_dir: Path, *, attempts: int = 3, timeout_s: floa
     if parsed.scheme not in ("http", "https"):
         raise FetchError(f"{url}: unsupported URL scheme {parsed.scheme!r}")
     target = cache_path(cache_dir, url)
-    if target.is_file():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + f".part-{os.getpid()}")
+    key = (id(asyncio.get_running_loop()), str(target))
+    async with _locks.setdefault(key, asyncio.Lock()):  # one download per URL at a time
+        if target.is_file():
+            return target
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        return await _download(url, target, attempts, timeout_s)
+
+
+_locks: dict[tuple[int, str], asyncio.Lock] = {}
+
+
+async def _download(url: str, target: Path, attempts: int, timeout_s: float) -> Path:
+    tmp = target.with_name(f"{target.name}.part-{uuid.uuid4().hex}")
     last: Exception | None = None
     for attempt in range(attempts):
         try:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from guirl.vmpool.client import VMClient, VMError
+from guirl.vmpool.client import VMClient, VMFatalError
 from guirl.vmpool.tasks.files import copy_into, fetch
 from guirl.vmpool.tasks.setup import TaskContext
 
@@ -64,22 +64,22 @@ async def rule(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> An
 async def vm_command_line(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     try:
         return (await client.execute(config["command"], shell=bool(config.get("shell", False))))["output"]
-    except VMError:
+    except VMFatalError:  # the VM refused the request; a VM that did not answer is an environment fault
         return None
 
 
 async def vm_command_error(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     try:
         return (await client.execute(config["command"], shell=bool(config.get("shell", False))))["error"]
-    except VMError:
+    except VMFatalError:  # the VM refused the request; a VM that did not answer is an environment fault
         return None
 
 
 async def vm_terminal_output(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     try:
         body = (await client._call("GET", "/terminal", idempotent=True))[1]
-    except VMError:
-        return None  # no AT-SPI on this desktop: like OSWorld when it finds no terminal
+    except VMFatalError:  # 501: no AT-SPI on this desktop, like OSWorld when it finds no terminal
+        return None
     import json
 
     return json.loads(body).get("output")
@@ -88,7 +88,7 @@ async def vm_terminal_output(config: dict[str, Any], client: VMClient, ctx: Task
 async def list_directory(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     try:
         return await client.list_directory(config["path"])
-    except VMError:
+    except VMFatalError:  # the VM refused the request; a VM that did not answer is an environment fault
         return None
 
 
