@@ -284,9 +284,9 @@ class VMPool:
         for vm in idle[: max(0, len(self._vms) - self.prewarm)]:
             if now - vm.idle_since > self.idle_ttl_s and vm.state == "idle":
                 del self._vms[vm.vm_id]
-                self.counters["retired"] += 1
                 with contextlib.suppress(Exception):
                     await self.provider.delete(vm.vm_id)
+                self.counters["retired"] += 1  # counted once it is gone
                 async with self._changed:
                     self._changed.notify_all()
 

@@ -159,3 +159,21 @@ def test_a_vm_whose_x_server_dies_is_seen_dead(tmp_path):
             assert not provider.alive(vm) and not await client.health(timeout_s=2)
 
     run(main())
+
+
+def test_nothing_inside_can_redirect_the_host_or_loop_a_listing(tmp_path):
+    async def main():
+        async with local_vm(tmp_path) as (provider, vm, client):
+            # the server's socket is not inside the sandbox: nothing in the VM can replace it
+            probe = await client.execute(
+                ["bash", "-c", "ls /tmp/guirl; ls -la /tmp/guirl/api.sock 2>&1 | head -1"]
+            )
+            assert "api.sock" not in probe["output"].split("\n")[0]
+            assert provider.vms[vm].socket.is_socket()
+            # a symlink loop in the home does not make /list_directory run away
+            await client.execute(["bash", "-c", "cd ~ && ln -s . a && ln -s . b && ln -s . c"])
+            tree = await client.list_directory("/home/user")
+            links = [c for c in tree["children"] if c["name"] in "abc"]
+            assert len(links) == 3 and all("children" not in c for c in links)
+
+    run(main())

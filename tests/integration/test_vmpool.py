@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -120,6 +121,22 @@ def test_idle_vms_beyond_the_prewarm_count_are_retired(tmp_path):
                 await pool.wait_changed(30)
             m = pool.metrics()
             assert m["retired"] == 1 and m["idle"] == 1  # the pre-warmed one stays ready
+            assert len(list((tmp_path / "vms").glob("vm-*"))) == 1
+
+    run(main(), timeout=120)
+
+
+def test_a_cancelled_release_still_resets_and_max_envs_holds(tmp_path):
+    provider = LocalProvider(tmp_path / "vms", width=640, height=480)
+
+    async def main():
+        async with VMPool(provider, max_envs=1, health_interval_s=60) as pool:
+            lease = await pool.acquire()
+            release = asyncio.create_task(pool.release(lease.lease_id))
+            await asyncio.sleep(0.05)  # the reset is under way
+            release.cancel()
+            again = await pool.acquire(timeout=60)  # the VM came back although its releaser gave up
+            assert again.vm_id == lease.vm_id and pool.metrics()["resetting"] == 0
             assert len(list((tmp_path / "vms").glob("vm-*"))) == 1
 
     run(main(), timeout=120)
