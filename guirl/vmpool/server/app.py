@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import logging
 import os
 import shlex
@@ -25,6 +24,7 @@ from aiohttp import web
 from guirl.agent.actions import AnyAction
 from guirl.vmpool.server.desktop import Desktop
 from guirl.vmpool.server.extra import ExtraRoutes
+from guirl.vmpool.server.http import bad_request, error_reply, request_fields
 
 log = logging.getLogger(__name__)
 
@@ -36,30 +36,6 @@ MAX_LISTED = 50_000
 """Entries `/list_directory` returns at most (it answers 400 beyond)."""
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"status": "error", "message": message}, status=status)
-
-
-async def _json(request: web.Request) -> dict[str, Any]:
-    """The request's JSON object (OSWorld's clients send JSON; some send form fields)."""
-    if request.content_type == "application/json":
-        try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise web.HTTPBadRequest(
-                text=json.dumps({"status": "error", "message": f"bad JSON: {exc}"}),
-                content_type="application/json",
-            ) from None
-    else:
-        data = dict(await request.post())
-    if not isinstance(data, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"status": "error", "message": "expected a JSON object"}),
-            content_type="application/json",
-        )
-    return data
-
-
 @web.middleware
 async def _clear_errors(request: web.Request, handler: Any) -> web.StreamResponse:
     """Every failure gets a JSON answer: a value the request got wrong (a NUL in a path, a wrong type) is a
@@ -69,10 +45,10 @@ async def _clear_errors(request: web.Request, handler: Any) -> web.StreamRespons
     except web.HTTPException:
         raise
     except (ValueError, TypeError, KeyError) as exc:
-        return _error(400, f"bad request: {type(exc).__name__}: {exc}")
+        return error_reply(400, f"bad request: {type(exc).__name__}: {exc}")
     except Exception as exc:
         log.exception("%s %s failed", request.method, request.path)
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+        return error_reply(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
 def _command(data: dict[str, Any]) -> tuple[list[str] | str, bool]:
@@ -83,12 +59,7 @@ def _command(data: dict[str, Any]) -> tuple[list[str] | str, bool]:
     if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
         command = [os.path.expanduser(c) if c.startswith("~/") else c for c in command]
         return (shlex.join(command) if shell else command), shell
-    raise web.HTTPBadRequest(
-        text=json.dumps(
-            {"status": "error", "message": "'command' must be a string or a non-empty list of strings"}
-        ),
-        content_type="application/json",
-    )
+    raise bad_request("'command' must be a string or a non-empty list of strings")
 
 
 class VMServer:
@@ -134,7 +105,7 @@ class VMServer:
         try:
             png = await self.in_gui(self.desktop.screenshot, int(level) if level is not None else None)
         except ValueError as exc:
-            return _error(400, f"bad level: {exc}")
+            return error_reply(400, f"bad level: {exc}")
         return web.Response(body=png, content_type="image/png")
 
     async def platform(self, _request: web.Request) -> web.Response:
@@ -152,13 +123,13 @@ class VMServer:
         try:
             w, h = await asyncio.wait_for(self.in_gui(self.desktop.screen_size), 5.0)
         except Exception as exc:  # noqa: BLE001  (any failure to reach the display is ill health)
-            return _error(503, f"display unreachable: {exc!r}")
+            return error_reply(503, f"display unreachable: {exc!r}")
         return web.json_response({"status": "ok", "width": w, "height": h})
 
     # -- commands ------------------------------------------------------------------------------------
 
     async def execute(self, request: web.Request) -> web.Response:
-        data = await _json(request)
+        data = await request_fields(request)
         command, shell = _command(data)
         try:
             proc = await asyncio.to_thread(
@@ -172,17 +143,17 @@ class VMServer:
                 timeout=EXECUTE_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
-            return _error(500, f"command timed out after {EXECUTE_TIMEOUT_S:.0f} s")
+            return error_reply(500, f"command timed out after {EXECUTE_TIMEOUT_S:.0f} s")
         except OSError as exc:
-            return _error(500, f"cannot run the command: {exc}")
+            return error_reply(500, f"cannot run the command: {exc}")
         except ValueError as exc:  # e.g. an embedded NUL
-            return _error(400, f"bad command: {exc}")
+            return error_reply(400, f"bad command: {exc}")
         return web.json_response(
             {"status": "success", "output": proc.stdout, "error": proc.stderr, "returncode": proc.returncode}
         )
 
     async def launch(self, request: web.Request) -> web.Response:
-        data = await _json(request)
+        data = await request_fields(request)
         command, shell = _command(data)
         try:
             proc = subprocess.Popen(
@@ -195,9 +166,9 @@ class VMServer:
                 start_new_session=True,
             )
         except OSError as exc:
-            return _error(500, f"cannot launch: {exc}")
+            return error_reply(500, f"cannot launch: {exc}")
         except ValueError as exc:
-            return _error(400, f"bad command: {exc}")
+            return error_reply(400, f"bad command: {exc}")
         self.launched.append(proc)
         return web.Response(text=f"{command} launched successfully")
 
@@ -205,14 +176,11 @@ class VMServer:
 
     def _path(self, raw: Any) -> Path:
         if not isinstance(raw, str) or not raw:
-            raise web.HTTPBadRequest(
-                text=json.dumps({"status": "error", "message": "a path is required"}),
-                content_type="application/json",
-            )
+            raise bad_request("a path is required")
         return Path(os.path.expanduser(raw.replace("~", self.home, 1) if raw.startswith("~") else raw))
 
     async def file(self, request: web.Request) -> web.StreamResponse:
-        raw = (await _json(request)).get("file_path")
+        raw = (await request_fields(request)).get("file_path")
         if not raw:
             return web.json_response({"error": "file_path is required"}, status=400)
         path = self._path(raw)
@@ -244,7 +212,7 @@ class VMServer:
         return web.Response(text=f"File Uploaded: {len(data)} bytes")
 
     async def list_directory(self, request: web.Request) -> web.Response:
-        raw = (await _json(request)).get("path")
+        raw = (await request_fields(request)).get("path")
         if not raw:
             return web.json_response({"error": "Missing 'path' parameter"}, status=400)
         path = self._path(raw)

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from guirl.vmpool.server.http import bad_request, request_fields
+
 OPEN_FILE_TIMEOUT_S = 120.0
 """How long `/setup/open_file` waits for the file's window (OSWorld waits up to 1800 s)."""
 
@@ -54,7 +56,7 @@ class ExtraRoutes:
 
     async def _run(self, argv: list[str], timeout: float = 30.0, **kw: Any) -> subprocess.CompletedProcess:
         if any("\0" in a for a in argv):  # a NUL cannot be in an argument: the request is malformed
-            raise web.HTTPBadRequest(text="arguments must not contain NUL characters")
+            raise bad_request("arguments must not contain NUL characters")
         return await asyncio.to_thread(
             subprocess.run, argv, capture_output=True, text=True, env=self.server.env, timeout=timeout, **kw
         )
@@ -62,27 +64,21 @@ class ExtraRoutes:
     # -- windows -------------------------------------------------------------------------------------
 
     async def activate_window(self, request: web.Request) -> web.Response:
-        from guirl.vmpool.server.app import _json
-
-        data = await _json(request)
+        data = await request_fields(request)
         if not data.get("window_name"):
             return web.Response(text="window_name required", status=400)
         await self._run(_wmctrl_flags(data, "a"))  # like OSWorld: the exit code is not checked
         return web.Response(text="Window activated successfully")
 
     async def close_window(self, request: web.Request) -> web.Response:
-        from guirl.vmpool.server.app import _json
-
-        data = await _json(request)
+        data = await request_fields(request)
         if "window_name" not in data:
             return web.Response(text="window_name required", status=400)
         await self._run(_wmctrl_flags(data, "c"))
         return web.Response(text="Window closed successfully.")
 
     async def window_size(self, request: web.Request) -> web.Response:
-        from guirl.vmpool.server.app import _json
-
-        name = str((await _json(request)).get("app_class_name") or "")
+        name = str((await request_fields(request)).get("app_class_name") or "")
         if not name:
             return web.json_response({"error": "app_class_name is required"}, status=400)
         listing = await self._run(["wmctrl", "-lxG"])
@@ -93,9 +89,7 @@ class ExtraRoutes:
         return web.json_response({"status": "error", "message": f"no window of class {name!r}"}, status=500)
 
     async def open_file(self, request: web.Request) -> web.Response:
-        from guirl.vmpool.server.app import _json
-
-        raw = (await _json(request)).get("path")
+        raw = (await request_fields(request)).get("path")
         if not raw:
             return web.Response(text="Path not supplied!", status=400)
         path = os.path.expanduser(os.path.expandvars(str(raw)))
@@ -129,9 +123,7 @@ class ExtraRoutes:
     # -- scripts -------------------------------------------------------------------------------------
 
     async def run_python(self, request: web.Request) -> web.Response:
-        from guirl.vmpool.server.app import _json
-
-        code = (await _json(request)).get("code")
+        code = (await request_fields(request)).get("code")
         if not isinstance(code, str) or not code:
             return web.json_response({"status": "error", "message": "Code not supplied!"}, status=400)
         with tempfile.NamedTemporaryFile("w", suffix=".py", prefix="python_exec_", delete=False) as f:
@@ -165,9 +157,7 @@ class ExtraRoutes:
 
     async def run_bash_script(self, request: web.Request) -> web.Response:
         """OSWorld's intended behaviour (its own server answers 500 after every run, a known bug)."""
-        from guirl.vmpool.server.app import _json
-
-        data = await _json(request)
+        data = await request_fields(request)
         script, timeout = data.get("script"), data.get("timeout", 100)
         if not isinstance(script, str) or not script:
             return web.json_response(
@@ -238,9 +228,7 @@ class ExtraRoutes:
         return _unsupported("the accessibility tree needs AT-SPI (a GNOME desktop); none runs here")
 
     async def change_wallpaper(self, request: web.Request) -> web.Response:
-        from guirl.vmpool.server.app import _json
-
-        raw = (await _json(request)).get("path")
+        raw = (await request_fields(request)).get("path")
         if not raw:
             return web.Response(text="Path not supplied!", status=400)
         path = os.path.expanduser(os.path.expandvars(str(raw)))
