@@ -1,8 +1,9 @@
 """The `local` provider: each VM is a sandboxed X desktop on this machine (see `sandbox.py`).
 
 A VM is a directory under the provider's root: `home/` (the user's home, restored from a template at
-every reset), `shared/` (the VM server's socket), `etc/` (the sandbox's passwd and group), `vm.json`
-(tag, owner pid, session pid) and `session.log`. Reset kills the session and restores the home: seconds.
+every reset), `api.sock` (the VM server's socket, created here and passed into the sandbox), `etc/` (the
+sandbox's passwd and group), `vm.json` (tag, owner pid, session pid) and `session.log`. Reset kills the
+session and restores the home: seconds.
 A pool process that dies (even by SIGKILL) takes its VMs with it (`--die-with-parent`); directories it
 left behind are reaped by the next provider on the same root.
 """
@@ -156,7 +157,7 @@ class LocalProvider:
     async def create(self, tag: str) -> str:
         vm_id = f"vm-{uuid.uuid4().hex[:8]}"
         vm_dir = self.root / vm_id
-        (vm_dir / "shared").mkdir(parents=True)
+        vm_dir.mkdir(parents=True)
         vm = LocalVM(vm_id=vm_id, dir=vm_dir, tag=tag)
         self.vms[vm_id] = vm
         try:

@@ -5,7 +5,7 @@ the same paths. The sandbox sees read-only system directories (`/usr`, a few fil
 that runs the VM server and guirl's own package) and nothing else of the host: its home is a private
 directory of the VM, `/tmp` is empty and private, and it has its own network namespace (loopback only),
 PID namespace (everything dies with it) and IPC. The only way in or out is the Unix socket of the VM
-server, in a directory shared with the host.
+server, a listening socket the host creates outside the sandbox and passes in.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import guirl
 
 HOME = "/home/user"
 """The user's home inside every VM (OSWorld's)."""
-SHARED = "/tmp/guirl"
-"""Inside path of the directory shared with the host (the VM server's socket lives there)."""
 UID = GID = 1000
 
 ETC = (
@@ -75,7 +73,7 @@ def python_roots() -> list[str]:
 def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None = None) -> list[str]:
     """The full bwrap command that runs `command` inside the sandbox of the VM at `vm_dir`.
 
-    `vm_dir/home` becomes the user's home and `vm_dir/shared` the shared directory; both must exist.
+    `vm_dir/home` becomes the user's home; it must exist.
     """
     etc = vm_dir / "etc"
     etc.mkdir(exist_ok=True)
@@ -109,9 +107,6 @@ def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None =
         "--bind",
         str(vm_dir / "home"),
         HOME,
-        "--bind",
-        str(vm_dir / "shared"),
-        SHARED,
         "--unshare-all",
         "--uid",
         str(UID),

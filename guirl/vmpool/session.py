@@ -1,9 +1,9 @@
 """A desktop session: the program that runs inside a local VM's sandbox.
 
 It starts the X server (Xvfb, readiness via `-displayfd`, no polling), a window manager, and the VM server
-on a Unix socket in a directory shared with the host, then prints one JSON line `{"ready": ...}` on
-stdout. It ends — taking its children with it — on SIGTERM, or as soon as the X server dies, so the host
-sees a dead VM at once.
+on the listening socket the host passed in (or on a Unix socket path), then prints one JSON line
+`{"ready": ...}` on stdout. It ends — taking its children with it — on SIGTERM, or as soon as the X
+server dies, so the host sees a dead VM at once.
 
     python -m guirl.vmpool.session --listen-fd 3 --width 1920 --height 1080
 """
