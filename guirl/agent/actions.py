@@ -47,6 +47,14 @@ class Drag(Action, tag="drag"):
     button: Button = "left"
 
 
+class DragTo(Action, tag="drag_to"):
+    """Press where the pointer is, move to (to_x, to_y), release (Qwen's `left_click_drag`)."""
+
+    to_x: Coord
+    to_y: Coord
+    button: Button = "left"
+
+
 class Scroll(Action, tag="scroll"):
     """Scroll `amount` clicks (positive = up/right) at (x, y), or where the pointer is."""
 
@@ -82,7 +90,7 @@ class Fail(Action, tag="fail"):
     """The agent says the task cannot be done (OSWorld's FAIL: how infeasible tasks are solved)."""
 
 
-AnyAction = Click | MoveTo | Drag | Scroll | TypeText | Hotkey | Wait | Done | Fail
+AnyAction = Click | MoveTo | Drag | DragTo | Scroll | TypeText | Hotkey | Wait | Done | Fail
 """Every typed action; decode with `msgspec.json.decode(data, type=AnyAction)`."""
 
 TERMINAL = (Done, Fail)
@@ -101,6 +109,8 @@ def to_pyautogui(action: AnyAction) -> str:
             return f"pyautogui.moveTo({x}, {y})"
         case Drag(x=x, y=y, to_x=tx, to_y=ty, button=b):
             return f"pyautogui.moveTo({x}, {y}); pyautogui.dragTo({tx}, {ty}, duration=0.2, button={b!r})"
+        case DragTo(to_x=tx, to_y=ty, button=b):
+            return f"pyautogui.dragTo({tx}, {ty}, duration=0.2, button={b!r})"
         case Scroll(amount=a, horizontal=h, x=x, y=y):
             fn = "hscroll" if h else "scroll"
             at = f", x={x}, y={y}" if x is not None and y is not None else ""

@@ -10,7 +10,19 @@ import os
 import time
 from typing import Any
 
-from guirl.agent.actions import AnyAction, Click, Done, Drag, Fail, Hotkey, MoveTo, Scroll, TypeText, Wait
+from guirl.agent.actions import (
+    AnyAction,
+    Click,
+    Done,
+    Drag,
+    DragTo,
+    Fail,
+    Hotkey,
+    MoveTo,
+    Scroll,
+    TypeText,
+    Wait,
+)
 
 
 class Desktop:
@@ -80,6 +92,8 @@ class Desktop:
                 g.moveTo(x, y)
             case Drag(x=x, y=y, to_x=tx, to_y=ty, button=b):
                 g.moveTo(x, y)
+                g.dragTo(tx, ty, duration=0.2, button=b)
+            case DragTo(to_x=tx, to_y=ty, button=b):
                 g.dragTo(tx, ty, duration=0.2, button=b)
             case Scroll(amount=a, horizontal=hor, x=x, y=y):
                 at = {"x": x, "y": y} if x is not None and y is not None else {}

@@ -1,0 +1,103 @@
+"""The one interface every inference engine implements, shaped after SGLang's `/generate`.
+
+A request is a chat prompt (text and images) or exact prompt token ids with images alongside, plus
+sampling settings; a result carries the exact prompt ids the engine used, the response ids, one
+behaviour log-prob per response token, and the finish reason. Engines that cannot return tokens (an
+OpenAI-compatible endpoint) leave the token fields `None` and say so with `supports_tokens = False`:
+such an engine is for evaluation only.
+
+Weights: an engine has a `policy_version` (the learner's version of the weights it serves; -1 for the
+checkpoint it started from). `update_weights` is SGLang's weight-group pattern: the learner's rank 0
+and the engines join a process group and the learner broadcasts tensors into it (issue 5 drives it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from guirl.messages.types import ChatMessage, SamplingParams
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class EngineError(RuntimeError):
+    """An engine could not serve a batch. `retryable`: the same request may succeed on another engine
+    (the engine died or is overloaded); otherwise the request itself is bad (too long, malformed)."""
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class EngineDead(EngineError):
+    """The engine stopped answering (process gone, server down): route around it."""
+
+
+@dataclass
+class GenRequest:
+    """One prompt to complete. Exactly one of `messages` or `prompt_ids` is used (`prompt_ids` wins)."""
+
+    messages: list[ChatMessage] = field(default_factory=list)
+    images: list[bytes] = field(default_factory=list)
+    """Encoded images (PNG/JPEG); `ImagePart(index=i)` in `messages` refers to `images[i]`."""
+    prompt_ids: list[int] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    return_logprobs: bool = True
+    request_id: str = ""
+    task_id: str = ""
+    """The task being played (the scripted engine answers per task; others ignore it)."""
+    step: int = 0
+    """The step of the episode this request is for."""
+
+
+@dataclass
+class GenResult:
+    """The engine's answer to one `GenRequest`."""
+
+    text: str
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    """Behaviour log-prob of each response token under the sampling distribution that drew it."""
+    finish_reason: FinishReason = "stop"
+    policy_version: int = -1
+    engine: str = ""
+    latency_s: float = 0.0
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """An inference engine instance behind the broker."""
+
+    name: str
+    policy_version: int
+    supports_tokens: bool
+    max_batch: int
+    """Most requests this engine takes in one `generate` call (1 = no batching)."""
+
+    async def start(self) -> None:
+        """Load the model or connect to the server; raise `EngineError` when it cannot serve."""
+
+    async def generate(self, batch: list[GenRequest]) -> list[GenResult]:
+        """Complete every request of `batch` (in order). Raises `EngineError` for the whole batch."""
+
+    async def health(self) -> bool:
+        """True when the engine can serve (cheap; called on a period by the broker)."""
+
+    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+        """Take new weights (`spec` says where from: a path, or a weight-group broadcast)."""
+
+    async def close(self) -> None:
+        """Release the model or the connection."""
+
+
+def stamp(results: list[GenResult], engine: Engine, started: float) -> list[GenResult]:
+    """Tag results with the engine that made them, its policy version and the batch latency."""
+    latency = time.monotonic() - started
+    for r in results:
+        r.engine = engine.name
+        r.policy_version = engine.policy_version
+        r.latency_s = latency
+    return results
