@@ -3,7 +3,8 @@ SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# torch arrives with the learner; it is installed as TORCH_SPEC (point it at your CUDA build on a GPU box)
+# torch is installed first, as TORCH_SPEC (point it at your CUDA build on a GPU box), so that nothing
+# later lets pip choose another torch build
 TORCH_SPEC ?= torch==2.13.0
 export TORCH_SPEC
 PYTEST_ARGS ?=
@@ -12,6 +13,7 @@ PYTEST_ARGS ?=
 
 $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/system-packages.txt
 	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	touch $@
 

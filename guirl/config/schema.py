@@ -222,6 +222,122 @@ class DemoConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Also bring up two local VMs and play two shipped tasks with their reference solutions."""
 
 
+class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The policy's prompt and action parsing (Qwen3-VL computer use)."""
+
+    coordinates: Literal["relative", "absolute"] = "relative"
+    """Coordinates the model speaks: a 0-999 grid over the screen (`relative`) or pixels of the image seen."""
+    history_images: NonNegInt = 3
+    """Past screenshots kept as images in the prompt (with their responses); older steps become text."""
+    max_prompt_tokens: PosInt = 32768
+    """Token budget of one prompt; the oldest history images are dropped first to fit."""
+    image_factor: PosInt = 32
+    """Side multiple images are resized to (patch size x merge size of the vision encoder)."""
+    min_pixels: PosInt = 3136
+    """Fewest pixels of an image after `smart_resize`."""
+    max_pixels: PosInt = 1920 * 1080
+    """Most pixels of an image after `smart_resize`."""
+    max_steps: PosInt = 15
+    """Steps before an episode is cut off (TRUNCATED, then evaluated as it stands)."""
+    max_actions_per_step: PosInt = 5
+    """Most tool calls executed from one response (the rest are ignored and counted)."""
+    temperature: Annotated[float, Meta(ge=0)] = 1.0
+    """Sampling temperature of the policy (0 = greedy)."""
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    """Nucleus sampling mass."""
+    max_new_tokens: PosInt = 512
+    """Most tokens in one response."""
+    sleep_after_action_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
+    """Pause after each action before the next screenshot (applications need time to redraw)."""
+
+
+class HFBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The transformers backend."""
+
+    device: str = "cpu"
+    """Torch device of each engine (`cpu`, `cuda`, `cuda:1`, ...)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights dtype."""
+    threads: NonNegInt = 0
+    """Torch intra-op threads per engine (0 = torch's default)."""
+
+
+class OpenAIBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An OpenAI-compatible chat completions endpoint (evaluation only: it returns no token ids)."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """Base URL of the endpoint (…/v1)."""
+    model: str = ""
+    """Model name sent with each request (empty = the checkpoint path)."""
+    api_key: str = ""
+    """Bearer token, if the endpoint needs one."""
+    timeout_s: PosFloat = 300.0
+    """Seconds one completion may take."""
+    max_concurrency: PosInt = 16
+    """Requests in flight to the endpoint at once."""
+
+
+class ScriptedBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The scripted backend: answers with given responses (tests, debugging, replays)."""
+
+    dir: str = "tasks/local/solutions"
+    """Directory of `<task_id>.jsonl` scripts: typed actions, or `{"response": "..."}` lines."""
+    latency_s: Annotated[float, Meta(ge=0)] = 0.0
+    """Simulated generation time per batch, in seconds."""
+
+
+class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The inference broker and its engines."""
+
+    backend: Literal["hf", "openai", "scripted", "sglang"] = "hf"
+    """Engine backend behind the broker."""
+    engines: PosInt = 1
+    """Engine instances the broker routes over."""
+    max_batch: PosInt = 8
+    """Most requests in one engine batch (1 = batching off)."""
+    max_wait_ms: Annotated[float, Meta(ge=0)] = 20.0
+    """How long a partial batch waits for more requests, in milliseconds."""
+    max_queue: PosInt = 256
+    """Requests queued at the broker before new ones are refused as overloaded (backpressure)."""
+    max_attempts: PosInt = 3
+    """Engines a request is tried on before it fails (a dead engine's batch is retried elsewhere)."""
+    health_interval_s: PosFloat = 5.0
+    """Seconds between engine health checks."""
+    request_timeout_s: PosFloat = 600.0
+    """Seconds an env worker waits for one policy response."""
+    hf: HFBackendConfig = msgspec.field(default_factory=HFBackendConfig)
+    """Transformers backend settings."""
+    openai: OpenAIBackendConfig = msgspec.field(default_factory=OpenAIBackendConfig)
+    """OpenAI-compatible backend settings."""
+    scripted: ScriptedBackendConfig = msgspec.field(default_factory=ScriptedBackendConfig)
+    """Scripted backend settings."""
+
+
+class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Evaluation-only mode (`guirl eval`)."""
+
+    tasks: str = "tasks/local/test.json"
+    """Meta list of the tasks to run: `{domain: [task ids]}` (OSWorld's format)."""
+    examples_dir: str = ""
+    """Directory of `<domain>/<id>.json` task files; empty = `examples/` beside the meta list."""
+    domains: list[str] = msgspec.field(default_factory=list)
+    """Only these domains of the meta list (empty = all)."""
+    limit: NonNegInt = 0
+    """Run only the first N tasks (0 = all)."""
+    workers: PosInt = 1
+    """Env worker processes."""
+    vms_per_worker: PosInt = 2
+    """VMs each env worker owns (episodes it runs at once)."""
+    max_attempts: PosInt = 3
+    """Attempts of a task before an environment fault aborts it (environment errors retry elsewhere)."""
+    setup_timeout_s: PosFloat = 300.0
+    """Seconds the setup steps of one task may take."""
+    progress_interval_s: PosFloat = 1.0
+    """Seconds between progress lines."""
+    fault_kill_vm_at_step: int = -1
+    """Fault injection for tests: kill the VM of the first episode at this step (-1 = off)."""
+
+
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The whole configuration of a guirl run; each actor receives only its own section."""
 
@@ -253,6 +369,12 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Cloud providers."""
     demo: DemoConfig = msgspec.field(default_factory=DemoConfig)
     """Transport demo."""
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    """Policy prompt and action parsing."""
+    inference: InferenceConfig = msgspec.field(default_factory=InferenceConfig)
+    """Inference broker and engines."""
+    eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
+    """Evaluation-only mode."""
 
 
 # The seed scripts' environment variables, by name -> dotted config path.
@@ -274,6 +396,14 @@ ENV_VARS: dict[str, str] = {
     "GUI_OBSERVATION_TYPE": "env.observation_type",
     "GUI_SCREEN_WIDTH": "env.screen_width",
     "GUI_SCREEN_HEIGHT": "env.screen_height",
+    "GUI_MAX_STEPS": "agent.max_steps",
+    "GUI_HISTORY_IMAGES": "agent.history_images",
+    "GUI_COORDINATES": "agent.coordinates",
+    "GUI_TEMPERATURE": "agent.temperature",
+    "GUI_EVAL_TASKS": "eval.tasks",
+    "GUI_INFERENCE_BACKEND": "inference.backend",
+    "OPENAI_BASE_URL": "inference.openai.base_url",
+    "OPENAI_API_KEY": "inference.openai.api_key",
     "WANDB_KEY": "wandb.key",
     "WANDB_PROJECT": "wandb.project",
     "VOLC_ACCESSKEY": "cloud.volcengine.access_key",
@@ -284,7 +414,7 @@ ENV_VARS: dict[str, str] = {
 
 # Dotted paths never written out in clear (saved configs, logs).
 SECRET_KEYS: frozenset[str] = frozenset(
-    {"wandb.key", "cloud.volcengine.access_key", "cloud.volcengine.secret_key"}
+    {"wandb.key", "inference.openai.api_key", "cloud.volcengine.access_key", "cloud.volcengine.secret_key"}
 )
 
 REDACTED = "***"
