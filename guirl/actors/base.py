@@ -96,6 +96,9 @@ class Actor:
     def on_peer_dead(self, name: str, error: Exception) -> None:
         """A peer (mailbox client or connection) missed its heartbeats."""
 
+    def on_peer_left(self, name: str) -> None:
+        """A mailbox client said goodbye (closed its connection)."""
+
     async def teardown(self) -> None:
         """Release resources after the sockets are closed."""
 

@@ -125,6 +125,7 @@ class Mailbox:
                 if self.peers.pop(peer[0], None) is not None:
                     a.counters["peers.left"] += 1
                     log.info("mailbox peer %r left", peer_label(peer[0]))
+                    a.on_peer_left(peer_label(peer[0]))
                 return
             case Heartbeat():
                 return

@@ -251,6 +251,16 @@ class EpisodeEnded(Message):
     reward: float | None = None
     steps: int = 0
     env_error: str = ""
+    task_id: str = ""
+    domain: str = ""
+    attempt: int = 0
+    outcome: str = ""
+    """How the episode ended: `done` / `fail` (the agent said so), `truncated` (step limit), `parse_error`
+    (unparseable response: a policy failure), `env_error` (not the policy's doing)."""
+    score: float | None = None
+    """The evaluator's score in [0, 1] (None when not evaluated)."""
+    seconds: float = 0.0
+    worker: str = ""
 
 
 # --- policy channel (EnvWorker / PRM -> InferenceBroker) -------------------------------------------
@@ -267,6 +277,8 @@ class PolicyRequest(Message):
     images: list[Image] = []
     sampling: SamplingParams = SamplingParams()
     return_logprobs: bool = True
+    task_id: str = ""
+    """The task being played (the scripted backend answers per task)."""
 
 
 class PolicyResponse(Message):

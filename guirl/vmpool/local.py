@@ -275,6 +275,13 @@ class LocalProvider:
         tmp.write_text(json.dumps(state))
         os.replace(tmp, vm.dir / "vm.json")
 
+    def kill(self, vm_id: str) -> None:
+        """Fault injection: SIGKILL a VM's session as a crash would (the pool must notice and replace it)."""
+        vm = self.vms.get(vm_id)
+        if vm is not None and vm.proc is not None and vm.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                vm.proc.send_signal(signal.SIGKILL)
+
     def alive(self, vm_id: str) -> bool:
         vm = self.vms.get(vm_id)
         return vm is not None and vm.proc is not None and vm.proc.returncode is None

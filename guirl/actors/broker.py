@@ -1,0 +1,383 @@
+"""The InferenceBroker actor: fronts the inference engines of one or more models.
+
+Env workers (and the PRM actor) send `PolicyRequest`s; the broker queues them per model (bounded: a full
+queue answers `overloaded`, retryable, which is the backpressure workers feel), forms batches (up to
+`max_batch`, waiting at most `max_wait_ms` for a partial one to fill) whenever an engine is free, routes
+each batch to the least-loaded healthy engine, and answers every request with the engine's text, exact
+token ids, behaviour log-probs and the policy version that produced them.
+
+Engines are health-checked on a period. A batch that fails on an engine that died (or errs in a way
+another engine may not) is put back at the head of the queue and tried elsewhere, up to `max_attempts`
+engines per request; a request the engine rejects as bad fails alone, with a non-retryable error.
+Weight updates (`WeightsPublished`) are applied to each engine between its batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from guirl.actors.base import Actor, Request
+from guirl.actors.errors import FatalError
+from guirl.config.schema import InferenceConfig
+from guirl.inference.base import Engine, EngineError, GenRequest, GenResult
+from guirl.messages import PolicyChannel
+from guirl.messages.types import (
+    Ack,
+    ErrorReply,
+    Message,
+    PolicyRequest,
+    PolicyResponse,
+    Tensor,
+    WeightsPublished,
+)
+
+log = logging.getLogger(__name__)
+
+HEALTH_TIMEOUT_S = 10.0
+
+
+@dataclass
+class _Pending:
+    """A request waiting for (or being served by) an engine."""
+
+    req: Request
+    gen: GenRequest
+    enqueued: float
+    attempts: int = 0
+    tried: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _EngineSlot:
+    """An engine and what the broker knows of it."""
+
+    engine: Engine
+    healthy: bool = False
+    busy: bool = False  # one batch in flight at a time (an engine batches internally)
+    inflight: int = 0
+    served: int = 0
+    failures: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # batches and weight updates take turns
+
+
+class _ModelQueue:
+    """The queue and engines of one model name."""
+
+    def __init__(self, model: str, engines: list[Engine], max_batch: int, max_queue: int) -> None:
+        self.model = model
+        self.slots = [_EngineSlot(e) for e in engines]
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.queue: collections.deque[_Pending] = collections.deque()
+        self.changed = asyncio.Event()  # a request arrived, or an engine became free or healthy
+
+    def pick(self, avoid: set[str] | frozenset[str] = frozenset()) -> _EngineSlot | None:
+        """The least-loaded healthy engine that is free (fewest in flight, then fewest served), preferring
+        engines not in `avoid` (those the head request already failed on) while any other is healthy."""
+        healthy = [s for s in self.slots if s.healthy]
+        candidates = [s for s in healthy if s.engine.name not in avoid] or healthy
+        free = [s for s in candidates if not s.busy]
+        return min(free, key=lambda s: (s.inflight, s.served), default=None)
+
+    @property
+    def any_healthy(self) -> bool:
+        return any(s.healthy for s in self.slots)
+
+
+def make_engines(inference: InferenceConfig, *, ckpt: str, screen: tuple[int, int], coordinates: str) -> list:
+    """The engine instances the config asks for (imports each backend only when it is used)."""
+    engines: list[Any] = []
+    for i in range(inference.engines):
+        match inference.backend:
+            case "hf":
+                from guirl.inference.hf import HFEngine
+
+                h = inference.hf
+                device = f"{h.device}:{i}" if h.device == "cuda" and inference.engines > 1 else h.device
+                engines.append(
+                    HFEngine(
+                        f"hf{i}",
+                        ckpt,
+                        device=device,
+                        dtype=h.dtype,
+                        max_batch=inference.max_batch,
+                        threads=h.threads,
+                    )
+                )
+            case "openai":
+                from guirl.inference.openai import OpenAIEngine
+
+                o = inference.openai
+                engines.append(
+                    OpenAIEngine(
+                        f"openai{i}",
+                        base_url=o.base_url,
+                        model=o.model or ckpt,
+                        api_key=o.api_key,
+                        timeout_s=o.timeout_s,
+                        max_concurrency=o.max_concurrency,
+                        max_batch=inference.max_batch,
+                    )
+                )
+            case "scripted":
+                from guirl.inference.scripted import ScriptedEngine
+
+                s = inference.scripted
+                engines.append(
+                    ScriptedEngine(
+                        f"scripted{i}",
+                        s.dir,
+                        screen=screen,
+                        coordinates=coordinates,
+                        latency_s=s.latency_s,
+                        max_batch=inference.max_batch,
+                    )
+                )
+            case other:
+                raise FatalError(f"inference backend {other!r} is not available in this build")
+    return engines
+
+
+def _response(result: GenResult, waited: float) -> PolicyResponse:
+    def tensor(values: list | None, dtype: str) -> Tensor | None:
+        return None if values is None else Tensor.from_list(values, dtype)  # type: ignore[arg-type]
+
+    return PolicyResponse(
+        text=result.text,
+        prompt_ids=tensor(result.prompt_ids, "int32"),
+        response_ids=tensor(result.response_ids, "int32"),
+        logprobs=tensor(result.logprobs, "float32"),
+        finish_reason=result.finish_reason,
+        policy_version=result.policy_version,
+        engine=result.engine,
+        latency_s=result.latency_s + waited,
+    )
+
+
+class InferenceBroker(Actor):
+    """Batches and routes policy requests over engine instances; see the module docstring."""
+
+    channel = PolicyChannel
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        inference: dict | InferenceConfig | None = None,
+        ckpt: str = "",
+        screen: tuple[int, int] | list[int] = (1920, 1080),
+        coordinates: str = "relative",
+        engines: list[Engine] | None = None,
+        model: str = "policy",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        cfg = (
+            inference
+            if isinstance(inference, InferenceConfig)
+            else msgspec.convert(inference or {}, InferenceConfig)
+        )
+        self.cfg = cfg
+        self._engines = engines
+        self._engine_args = {"ckpt": ckpt, "screen": tuple(screen), "coordinates": coordinates}
+        self.model = model
+        self.models: dict[str, _ModelQueue] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        engines = self._engines if self._engines is not None else make_engines(self.cfg, **self._engine_args)
+        if not engines:
+            raise FatalError("the broker has no engines")
+        queue = _ModelQueue(self.model, engines, self.cfg.max_batch, self.cfg.max_queue)
+        results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
+        for slot, res in zip(queue.slots, results, strict=True):
+            if isinstance(res, BaseException):
+                log.error("engine %s failed to start: %r", slot.engine.name, res)
+                self.counters["engines.start_failed"] += 1
+            else:
+                slot.healthy = True
+        if not queue.any_healthy:
+            raise FatalError(f"no engine of {self.model!r} could start: {results[0]!r}")
+        self.models[self.model] = queue
+        self.policy_version = max(e.policy_version for e in engines)
+        log.info("%d engine(s) up for %r: %s", len(engines), self.model, [e.name for e in engines])
+
+    async def main(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            for queue in self.models.values():
+                self._tasks.add(tg.create_task(self._dispatch(queue, tg), name=f"dispatch:{queue.model}"))
+                self._tasks.add(tg.create_task(self._health_loop(queue), name=f"health:{queue.model}"))
+            await self._stop.wait()
+            for task in self._tasks:  # dispatchers, health checks and batches in flight
+                task.cancel()
+
+    async def teardown(self) -> None:
+        for queue in self.models.values():
+            for slot in queue.slots:
+                try:
+                    await slot.engine.close()
+                except Exception as exc:  # closing must not hide other engines' close
+                    log.warning("engine %s did not close cleanly: %r", slot.engine.name, exc)
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    async def handle(self, req: Request) -> Message | None:
+        match req.msg:
+            case PolicyRequest() as msg:
+                return self._enqueue(req, msg)
+            case WeightsPublished() as msg:
+                await self._update_weights(msg)
+                return Ack(note=f"engines at version {msg.version}")
+        return await super().handle(req)
+
+    def _enqueue(self, req: Request, msg: PolicyRequest) -> Message | None:
+        queue = self.models.get(msg.model)
+        if queue is None:
+            self.counters["requests.unknown_model"] += 1
+            return ErrorReply(code="unsupported", message=f"no engine serves model {msg.model!r}")
+        if not queue.any_healthy:
+            self.counters["requests.no_engine"] += 1
+            return ErrorReply(code="overloaded", message="no healthy engine right now", retryable=True)
+        if len(queue.queue) >= queue.max_queue:
+            self.counters["requests.overloaded"] += 1
+            return ErrorReply(
+                code="overloaded", message=f"{len(queue.queue)} requests queued", retryable=True
+            )
+        gen = GenRequest(
+            messages=list(msg.messages),
+            images=[bytes(img.data.data) for img in msg.images],
+            prompt_ids=msg.prompt_ids.tolist() if msg.prompt_ids is not None else None,
+            sampling=msg.sampling,
+            return_logprobs=msg.return_logprobs,
+            request_id=req.header.msg_id,
+            task_id=msg.task_id,
+            step=msg.step,
+        )
+        queue.queue.append(_Pending(req, gen, time.monotonic()))
+        self.counters["requests"] += 1
+        queue.changed.set()
+        return None  # answered by the batch that serves it
+
+    # -- batching and routing ------------------------------------------------------------------------
+
+    async def _dispatch(self, queue: _ModelQueue, tg: asyncio.TaskGroup) -> None:
+        """Whenever an engine is free and requests wait, form a batch and hand it to that engine."""
+        wait_s = self.cfg.max_wait_ms / 1000.0
+        while True:
+            slot = queue.pick(queue.queue[0].tried) if queue.queue else None
+            if slot is None:
+                queue.changed.clear()
+                await queue.changed.wait()
+                continue
+            limit = max(1, min(queue.max_batch, slot.engine.max_batch))
+            # a partial batch waits (briefly) for company; a full one, or no wait configured, goes now
+            deadline = time.monotonic() + wait_s
+            while len(queue.queue) < limit and (left := deadline - time.monotonic()) > 0:
+                queue.changed.clear()
+                try:
+                    await asyncio.wait_for(queue.changed.wait(), left)
+                except TimeoutError:
+                    break
+            if not slot.healthy or slot.busy:  # it died (or was taken) while we waited: pick again
+                continue
+            batch = [queue.queue.popleft() for _ in range(min(limit, len(queue.queue)))]
+            if not batch:
+                continue
+            slot.busy = True
+            slot.inflight += len(batch)
+            task = tg.create_task(self._serve(queue, slot, batch), name=f"batch:{slot.engine.name}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending]) -> None:
+        engine = slot.engine
+        started = time.monotonic()
+        try:
+            async with slot.lock:
+                results = await engine.generate([p.gen for p in batch])
+            if len(results) != len(batch):
+                raise EngineError(f"engine returned {len(results)} results for {len(batch)} requests")
+        except Exception as exc:
+            self._batch_failed(queue, slot, batch, exc)
+        else:
+            slot.failures = 0
+            self.counters["batches"] += 1
+            self.counters["batched_requests"] += len(batch)
+            for p, result in zip(batch, results, strict=True):
+                self.counters[f"finish.{result.finish_reason}"] += 1
+                waited = started - p.enqueued
+                await self.reply(p.req, _response(result, waited))
+        finally:
+            slot.busy = False
+            slot.inflight -= len(batch)
+            slot.served += len(batch)
+            queue.changed.set()
+
+    def _batch_failed(
+        self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending], exc: Exception
+    ) -> None:
+        name = slot.engine.name
+        retryable = getattr(exc, "retryable", True)  # a bug in an engine counts as that engine failing
+        if retryable:  # dead, or failing for reasons another engine may not have: route around it
+            slot.healthy = False
+            log.warning("engine %s failed a batch (%r): routing around it until it is healthy", name, exc)
+            self.counters["engines.marked_dead"] += 1
+        slot.failures += 1
+        self.counters["batches.failed"] += 1
+        requeue = []
+        for p in batch:
+            p.attempts += 1
+            p.tried.add(name)
+            if retryable and p.attempts < self.cfg.max_attempts and queue.any_healthy:
+                requeue.append(p)
+            else:
+                self.counters["requests.failed"] += 1
+                err = ErrorReply(
+                    code="handler",
+                    message=f"engine {name}: {str(exc)[:300]}",
+                    retryable=retryable,
+                )
+                self.mailbox.send(p.req.peer, err, reply_to=p.req.header.msg_id)
+        self.counters["requests.retried"] += len(requeue)
+        queue.queue.extendleft(reversed(requeue))  # keep their order, ahead of newer requests
+
+    # -- health and weights --------------------------------------------------------------------------
+
+    async def _health_loop(self, queue: _ModelQueue) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            for slot in queue.slots:
+                try:
+                    ok = await asyncio.wait_for(slot.engine.health(), HEALTH_TIMEOUT_S)
+                except Exception:
+                    ok = False
+                if ok != slot.healthy:
+                    log.warning("engine %s is %s", slot.engine.name, "back" if ok else "unhealthy")
+                    self.counters["engines.revived" if ok else "engines.marked_dead"] += 1
+                slot.healthy = ok
+            if not queue.any_healthy and queue.queue:
+                # nothing can serve them: answer now (retryable) rather than let every caller time out
+                while queue.queue:
+                    p = queue.queue.popleft()
+                    err = ErrorReply(code="overloaded", message="no healthy engine", retryable=True)
+                    self.mailbox.send(p.req.peer, err, reply_to=p.req.header.msg_id)
+                    self.counters["requests.failed"] += 1
+            queue.changed.set()
+
+    async def _update_weights(self, msg: WeightsPublished) -> None:
+        spec = {"path": msg.path} if msg.path else {"broadcast": True, "n_tensors": msg.n_tensors}
+        for queue in self.models.values():
+            for slot in queue.slots:
+                async with slot.lock:  # between batches
+                    await slot.engine.update_weights(msg.version, spec)
+        self.policy_version = msg.version
+        self.counters["weights.updates"] += 1

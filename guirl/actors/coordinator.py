@@ -1,0 +1,218 @@
+"""The Coordinator actor: owns the task set, hands out episodes on request, and tracks each episode id to
+exactly one end state.
+
+Workers pull (`WorkRequest` → `EpisodeAssignment` | `NoWork`), so a busy cluster is never pushed more
+than it asked for. Every assignment gets a fresh episode id; its end state is `completed` (scored),
+`retried` (an environment fault: the task goes back to the head of the queue as a new attempt, until
+`max_attempts`, after which it is `aborted`) or `aborted`. An episode whose worker dies is retried the
+same way. A late or repeated report of an episode that already ended is refused and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from guirl.actors.base import Actor, Request
+from guirl.messages import CoordinatorChannel
+from guirl.messages.types import (
+    Ack,
+    EpisodeAssignment,
+    EpisodeEnded,
+    Message,
+    NoWork,
+    Register,
+    WorkRequest,
+)
+from guirl.vmpool.tasks.suite import SuiteTask
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Todo:
+    """A task attempt waiting to be assigned."""
+
+    task: SuiteTask
+    sample_index: int = 0
+    attempt: int = 0
+    group_id: str = ""
+
+
+@dataclass
+class _Running:
+    todo: _Todo
+    peer: str
+    worker: str
+    assigned_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class TaskResult:
+    """The final word on one (task, sample): its last episode's end state."""
+
+    task_id: str
+    domain: str
+    status: str
+    score: float | None
+    outcome: str
+    episode_id: str
+    attempts: int
+    steps: int
+    env_errors: list[str]
+    seconds: float
+
+
+class Coordinator(Actor):
+    """Hands out the episodes of a task set; see the module docstring."""
+
+    channel = CoordinatorChannel
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        tasks: list[SuiteTask],
+        mode: str = "eval",
+        n_samples: int = 1,
+        max_attempts: int = 3,
+        max_steps: int = 15,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        self.mode = mode
+        self.max_attempts = max_attempts
+        self.max_steps = max_steps
+        self.seed = seed
+        self.todo: collections.deque[_Todo] = collections.deque(
+            _Todo(t, s, 0, f"{t.task_id}#g") for t in tasks for s in range(n_samples)
+        )
+        self.total = len(self.todo)
+        self.running: dict[str, _Running] = {}
+        self.ended: dict[str, EpisodeEnded] = {}
+        self.results: dict[tuple[str, int], TaskResult] = {}
+        self.env_errors: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
+        self.workers: dict[str, Register] = {}
+        self.progress = asyncio.Event()  # set at every end state; readers clear it
+        self.all_done = asyncio.Event()
+        self.started = time.monotonic()
+        self._seq = 0
+
+    # -- requests ------------------------------------------------------------------------------------
+
+    async def handle(self, req: Request) -> Message | None:
+        match req.msg:
+            case Register(name=name) as reg:
+                self.workers[name] = reg
+                log.info("worker %s registered (capacity %d)", name, reg.capacity)
+                return Ack(note=f"{len(self.workers)} workers")
+            case WorkRequest(worker=worker):
+                return self._assign(req.peer_name, worker)
+            case EpisodeEnded() as ended:
+                return self._end(ended)
+        return await super().handle(req)
+
+    def _assign(self, peer: str, worker: str) -> Message:
+        if not self.todo:
+            if self.running:
+                return NoWork(retry_after_s=1.0, reason="waiting for running episodes")
+            return NoWork(retry_after_s=0.0, reason="done")
+        todo = self.todo.popleft()
+        self._seq += 1
+        episode_id = f"ep{self._seq:05d}"
+        self.running[episode_id] = _Running(todo, peer, worker)
+        self.counters["episodes.assigned"] += 1
+        return EpisodeAssignment(
+            episode_id=episode_id,
+            task_id=todo.task.task_id,
+            task=todo.task.task,
+            group_id=todo.group_id,
+            sample_index=todo.sample_index,
+            attempt=todo.attempt,
+            max_steps=self.max_steps,
+            seed=self.seed + self._seq,
+            mode=self.mode,  # type: ignore[arg-type]
+            domain=todo.task.domain,
+        )
+
+    def _end(self, ended: EpisodeEnded) -> Ack:
+        eid = ended.episode_id
+        if eid in self.ended:
+            self.counters["episodes.duplicate_end"] += 1
+            return Ack(ok=False, note=f"episode {eid!r} already ended")
+        run = self.running.pop(eid, None)
+        if run is None:
+            self.counters["episodes.unknown_end"] += 1
+            return Ack(ok=False, note=f"episode {eid!r} was never assigned")
+        self.ended[eid] = ended
+        self.counters[f"episodes.{ended.status}"] += 1
+        todo = run.todo
+        key = (todo.task.task_id, todo.sample_index)
+        if ended.env_error:
+            self.env_errors[key].append(ended.env_error)
+        if ended.status == "retried":
+            if todo.attempt + 1 < self.max_attempts:
+                self.todo.appendleft(_Todo(todo.task, todo.sample_index, todo.attempt + 1, todo.group_id))
+                log.warning("episode %s of %s: environment error, retrying: %s", eid, key[0], ended.env_error)
+            else:
+                log.error("task %s aborted after %d attempts: %s", key[0], self.max_attempts, ended.env_error)
+                self._final(key, todo, ended, "aborted", run)
+        else:
+            self._final(key, todo, ended, ended.status, run)
+        self.progress.set()
+        return Ack()
+
+    def _final(
+        self, key: tuple[str, int], todo: _Todo, ended: EpisodeEnded, status: str, run: _Running
+    ) -> None:
+        self.results[key] = TaskResult(
+            task_id=todo.task.task_id,
+            domain=todo.task.domain,
+            status=status,
+            score=ended.score if status == "completed" else None,
+            outcome=ended.outcome,
+            episode_id=ended.episode_id,
+            attempts=todo.attempt + 1,
+            steps=ended.steps,
+            env_errors=list(self.env_errors.get(key, [])),
+            seconds=ended.seconds,
+        )
+        if len(self.results) == self.total:
+            self.all_done.set()
+
+    def on_peer_left(self, name: str) -> None:
+        self.on_peer_dead(name, ConnectionError("left"))
+
+    def on_peer_dead(self, name: str, error: Exception) -> None:
+        """A worker vanished (or left) with episodes running: they end `retried` (an environment fault)."""
+        lost = [eid for eid, run in self.running.items() if run.peer == name]
+        for eid in lost:
+            self.counters["episodes.worker_lost"] += 1
+            self._end(
+                EpisodeEnded(
+                    episode_id=eid, status="retried", env_error=f"worker {name} died", outcome="env_error"
+                )
+            )
+
+    # -- reporting -----------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Counts for a progress line: done/total, successes, environment errors, steps."""
+        scored = [r for r in self.results.values() if r.status == "completed"]
+        return {
+            "done": len(self.results),
+            "total": self.total,
+            "running": len(self.running),
+            "scored": len(scored),
+            "success": sum(1 for r in scored if (r.score or 0.0) >= 1.0),
+            "score_sum": sum(r.score or 0.0 for r in scored),
+            "aborted": sum(1 for r in self.results.values() if r.status == "aborted"),
+            "env_errors": sum(1 for e in self.ended.values() if e.env_error),
+            "steps": sum(e.steps for e in self.ended.values()),
+            "elapsed_s": time.monotonic() - self.started,
+        }

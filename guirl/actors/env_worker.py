@@ -1,0 +1,406 @@
+"""The EnvWorker actor: owns K VMs and plays episodes on them.
+
+Each of its K slots pulls an assignment from the coordinator and runs the episode loop on a leased VM:
+reset (the pool restores the VM; the task's setup steps run) → up to `max_steps` of
+screenshot → prompt → `PolicyRequest` to the broker → parse → act → evaluate, then reports the episode's
+one end state. Per episode it writes `episodes/<task>/<episode>/`: `step_NNN.png` (the screen the
+policy saw at each step, and `final.png`), `traj.jsonl` (one line per step) and `result.json`.
+
+What is whose fault is decided here, carefully (the seed got these wrong):
+- every action the prompt offers executes (`triple_click`, `hscroll` included);
+- an episode cut off at the step limit is TRUNCATED and evaluated as it stands (no FAIL is sent, so an
+  infeasible task is not solved by running out of steps);
+- an unparseable response ends the episode as a policy failure (score 0, outcome `parse_error`);
+- a VM that dies, a setup or evaluator that breaks, or a broker that stays unreachable is an
+  environment error: the episode ends `retried` and the coordinator runs the task again elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from guirl.actors.base import Actor
+from guirl.actors.errors import ActorError
+from guirl.actors.retry import backoff_delays, retry_idempotent
+from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
+from guirl.agent.parse import ParseError, parse_response
+from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
+from guirl.config.schema import AgentConfig, EnvConfig
+from guirl.messages import Blob, CoordinatorChannel, PolicyChannel
+from guirl.messages.types import (
+    ChatMessage,
+    EpisodeAssignment,
+    EpisodeEnded,
+    Image,
+    NoWork,
+    PolicyRequest,
+    PolicyResponse,
+    Register,
+    SamplingParams,
+    WorkRequest,
+)
+from guirl.vmpool.client import VMClient, VMError
+from guirl.vmpool.pool import PoolError, VMPool
+from guirl.vmpool.tasks.evaluate import EvaluationError, evaluate
+from guirl.vmpool.tasks.model import TaskError, parse_task
+from guirl.vmpool.tasks.setup import SetupError, TaskContext, run_setup
+
+log = logging.getLogger(__name__)
+
+POLICY_ATTEMPTS = 8
+"""Tries of one policy request (overloaded broker, broker restarting) before the episode is an env error."""
+
+
+class EnvFault(Exception):
+    """Something outside the policy broke the episode (VM, setup, evaluator, broker)."""
+
+
+@dataclass
+class _Episode:
+    ep: EpisodeAssignment
+    dir: Path
+    steps: int = 0
+    outcome: str = ""
+    score: float | None = None
+    parse_error: str = ""
+    history: list[StepRecord] = field(default_factory=list)
+    versions: set[int] = field(default_factory=set)
+
+
+def _messages_json(messages: list[ChatMessage]) -> list[dict]:
+    """The prompt as traj.jsonl stores it: text verbatim, images as `{"image": index}`."""
+    out = []
+    for m in messages:
+        parts = [{"text": p.text} if hasattr(p, "text") else {"image": p.index} for p in m.parts]
+        out.append({"role": m.role, "parts": parts})
+    return out
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+class EnvWorker(Actor):
+    """Plays assigned episodes on its own VMs; see the module docstring."""
+
+    channel = CoordinatorChannel
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        coordinator: str,
+        broker: str,
+        run_dir: str,
+        agent: dict | None = None,
+        env: dict | None = None,
+        vms: int = 1,
+        setup_timeout_s: float = 300.0,
+        policy_timeout_s: float = 600.0,
+        fault_kill_vm_at_step: int = -1,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        self.coordinator_ep, self.broker_ep = coordinator, broker
+        self.run_dir = Path(run_dir)
+        self.agent = msgspec.convert(agent or {}, AgentConfig)
+        self.env = msgspec.convert(env or {}, EnvConfig)
+        self.prompt_cfg = PromptConfig.from_config(self.agent)
+        self.slots = vms
+        self.setup_timeout_s = setup_timeout_s
+        self.policy_timeout_s = policy_timeout_s
+        self.fault_step = fault_kill_vm_at_step
+        self.pool: VMPool | None = None
+        self.provider: Any = None
+        self.screen = (self.env.screen_width, self.env.screen_height)
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        self.coord = self.connect("coordinator", self.coordinator_ep, CoordinatorChannel)
+        self.broker = self.connect("broker", self.broker_ep, PolicyChannel)
+        if self.env.provider != "local":
+            raise ActorError(f"provider {self.env.provider!r} is not available in this build")
+        from guirl.vmpool.local import LocalProvider
+
+        self.provider = LocalProvider(
+            self.run_dir / "vms" / self.name, width=self.env.screen_width, height=self.env.screen_height
+        )
+        self.pool = VMPool(
+            self.provider,
+            tag=self.name,
+            max_envs=self.slots,
+            prewarm=min(self.slots, self.env.prewarm_envs),
+            health_interval_s=2.0,
+        )
+        await self.pool.start()
+
+    async def teardown(self) -> None:
+        if self.pool is not None:
+            await self.pool.close()
+
+    async def main(self) -> None:
+        rt = self.runtime
+        await retry_idempotent(
+            lambda: self.coord.request(Register(role="env_worker", name=self.name, capacity=self.slots)),
+            attempts=20,
+            initial=rt.reconnect_backoff_initial_s,
+            cap=rt.reconnect_backoff_max_s,
+        )
+        async with asyncio.TaskGroup() as tg:
+            for i in range(self.slots):
+                tg.create_task(self._slot(i), name=f"slot{i}")
+
+    async def _slot(self, index: int) -> None:
+        rt = self.runtime
+        while True:
+            work = await retry_idempotent(
+                lambda: self.coord.request(WorkRequest(worker=self.name)),
+                attempts=20,
+                initial=rt.reconnect_backoff_initial_s,
+                cap=rt.reconnect_backoff_max_s,
+            )
+            match work:
+                case NoWork(reason="done"):
+                    return
+                case NoWork(retry_after_s=delay):
+                    await asyncio.sleep(delay)
+                case EpisodeAssignment() as ep:
+                    ended = await self.play(ep)
+                    # the coordinator refuses a repeated end state, so reporting one is safe to retry
+                    await retry_idempotent(
+                        lambda ended=ended: self.coord.request(ended),
+                        attempts=20,
+                        initial=rt.reconnect_backoff_initial_s,
+                        cap=rt.reconnect_backoff_max_s,
+                    )
+                case other:
+                    raise ActorError(f"coordinator answered {type(other).__name__} to a work request")
+
+    # -- one episode ---------------------------------------------------------------------------------
+
+    async def play(self, ep: EpisodeAssignment) -> EpisodeEnded:
+        """Run one episode to its end state (never raises for environment faults)."""
+        started = time.monotonic()
+        episode = _Episode(ep, self.run_dir / "episodes" / ep.task_id / ep.episode_id)
+        episode.dir.mkdir(parents=True, exist_ok=True)
+        env_error = ""
+        try:
+            await self._run(episode)
+        except EnvFault as exc:
+            env_error = str(exc)[:500]
+        except (VMError, PoolError, SetupError, EvaluationError, ActorError, OSError, TimeoutError) as exc:
+            env_error = f"{type(exc).__name__}: {exc}"[:500]
+        if env_error:
+            log.warning("episode %s (%s): environment error: %s", ep.episode_id, ep.task_id, env_error)
+            self.counters["episodes.env_error"] += 1
+            episode.outcome, episode.score = "env_error", None
+        else:
+            self.counters[f"episodes.{episode.outcome}"] += 1
+        seconds = round(time.monotonic() - started, 3)
+        result = {
+            "episode_id": ep.episode_id,
+            "task_id": ep.task_id,
+            "domain": ep.domain,
+            "attempt": ep.attempt,
+            "status": "retried" if env_error else "completed",
+            "outcome": episode.outcome,
+            "score": episode.score,
+            "steps": episode.steps,
+            "env_error": env_error,
+            "parse_error": episode.parse_error,
+            "policy_versions": sorted(episode.versions),
+            "seconds": seconds,
+            "worker": self.name,
+        }
+        _write_json(episode.dir / "result.json", result)
+        return EpisodeEnded(
+            episode_id=ep.episode_id,
+            status="retried" if env_error else "completed",
+            reason=episode.parse_error,
+            reward=episode.score,
+            steps=episode.steps,
+            env_error=env_error,
+            task_id=ep.task_id,
+            domain=ep.domain,
+            attempt=ep.attempt,
+            outcome=episode.outcome,
+            score=episode.score,
+            seconds=seconds,
+            worker=self.name,
+        )
+
+    async def _run(self, episode: _Episode) -> None:
+        ep = episode.ep
+        try:
+            task = parse_task(json.dumps(ep.task), f"assignment {ep.episode_id}")
+        except TaskError as exc:
+            raise EnvFault(f"the task does not parse: {exc}") from None
+        lease = await self.pool.acquire(timeout=self.setup_timeout_s)
+        try:
+            async with VMClient(lease.address, timeout_s=120) as client:
+                ctx = TaskContext(
+                    task_id=ep.task_id,
+                    cache_dir=episode.dir / "cache",
+                    download_cache=self.run_dir / "downloads",
+                    width=self.screen[0],
+                    height=self.screen[1],
+                )
+                ctx.cache_dir.mkdir(exist_ok=True)
+                await asyncio.wait_for(run_setup(client, task.config, ctx), self.setup_timeout_s)
+                await self._steps(episode, task.instruction, client, ctx, lease)
+                if episode.outcome == "parse_error":
+                    episode.score = 0.0  # a policy failure: nothing to evaluate
+                else:
+                    if lease.broken:
+                        raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
+                    episode.score = float(await evaluate(task, client, ctx))
+        finally:
+            await self.pool.release(lease.lease_id)
+
+    async def _steps(
+        self, episode: _Episode, instruction: str, client: VMClient, ctx: TaskContext, lease: Any
+    ) -> None:
+        ep = episode.ep
+        screenshot = await client.screenshot()
+        with open(episode.dir / "traj.jsonl", "w") as traj:
+            for step in range(ep.max_steps):
+                if lease.broken:
+                    raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
+                self.pool.heartbeat(lease.lease_id)
+                if step == self.fault_step:
+                    self.fault_step = -1  # once per worker
+                    log.warning("fault injection: killing VM %s at step %d", lease.vm_id, step)
+                    self.provider.kill(lease.vm_id)
+                t0 = time.monotonic()
+                (episode.dir / f"step_{step:03d}.png").write_bytes(screenshot)
+                try:
+                    prompt = build_prompt(
+                        instruction, episode.history, screenshot, screen=self.screen, cfg=self.prompt_cfg
+                    )
+                except PromptTooLong as exc:
+                    raise EnvFault(f"the prompt does not fit the token budget: {exc}") from None
+                response = await self._ask(ep, step, prompt)
+                t1 = time.monotonic()
+                episode.versions.add(response.policy_version)
+                record: dict[str, Any] = {
+                    "step": step,
+                    "screenshot": f"step_{step:03d}.png",
+                    "prompt": _messages_json(prompt.messages),
+                    "prompt_images": [list(s) for s in prompt.image_sizes],
+                    "response": response.text,
+                    "finish_reason": response.finish_reason,
+                    "policy_version": response.policy_version,
+                    "engine": response.engine,
+                    "prompt_tokens": response.prompt_ids.shape[0] if response.prompt_ids else None,
+                    "response_tokens": response.response_ids.shape[0] if response.response_ids else None,
+                }
+                episode.steps = step + 1
+                try:
+                    parsed = parse_response(
+                        response.text,
+                        screen=self.screen,
+                        coordinates=self.agent.coordinates,
+                        image_size=prompt.image_sizes[-1],
+                        max_calls=self.agent.max_actions_per_step,
+                    )
+                except ParseError as exc:
+                    episode.outcome, episode.parse_error = "parse_error", f"{exc.code}: {exc}"
+                    record.update(parse_error=episode.parse_error, timing={"infer_s": round(t1 - t0, 4)})
+                    traj.write(json.dumps(record) + "\n")
+                    return
+                refused, next_shot, terminal = await self._act(client, parsed.actions, ctx)
+                t2 = time.monotonic()
+                record.update(
+                    action_line=parsed.action_line,
+                    actions=[msgspec.to_builtins(a) for a in parsed.actions],
+                    dropped_calls=parsed.dropped_calls,
+                    refused=refused,
+                    timing={"infer_s": round(t1 - t0, 4), "act_s": round(t2 - t1, 4)},
+                )
+                traj.write(json.dumps(record) + "\n")
+                traj.flush()
+                episode.history.append(StepRecord(screenshot, response.text, parsed.action_line))
+                if terminal is not None:
+                    episode.outcome = "fail" if isinstance(terminal, Fail) else "done"
+                    break
+                screenshot = next_shot or await client.screenshot()
+            else:
+                episode.outcome = "truncated"  # evaluated as it stands; no FAIL is sent for it
+            (episode.dir / "final.png").write_bytes(await client.screenshot())
+
+    async def _act(
+        self, client: VMClient, actions: list[AnyAction], ctx: TaskContext
+    ) -> tuple[list[str], bytes | None, AnyAction | None]:
+        """Execute the parsed actions in order. Returns (refusals, the screen after, a terminal action)."""
+        refused: list[str] = []
+        shot: bytes | None = None
+        for i, action in enumerate(actions):
+            ctx.actions.append(action)
+            if isinstance(action, TERMINAL):
+                return refused, shot, action
+            last = i == len(actions) - 1 and not self.agent.sleep_after_action_s
+            if self.env.action_space == "pyautogui":  # OSWorld's /execute, with a program we composed
+                program = "import pyautogui, time; pyautogui.FAILSAFE = False; " + to_pyautogui(action)
+                out = await client.execute(["python3", "-c", program], timeout_s=60)
+                if out.get("returncode", 0) != 0:
+                    refused.append(str(out.get("error") or out.get("output") or "failed")[:300])
+                shot = None
+            else:
+                result = await client.act(action, screenshot=last)
+                if not result.ok:
+                    refused.append(result.error[:300])
+                shot = result.screenshot if last else None
+            if refused:
+                self.counters["actions.refused"] += 1
+        if self.agent.sleep_after_action_s:
+            await asyncio.sleep(self.agent.sleep_after_action_s)
+        return refused, shot, None
+
+    async def _ask(self, ep: EpisodeAssignment, step: int, prompt: Any) -> PolicyResponse:
+        """One policy request; an overloaded or restarting broker is retried with backoff (it is
+        idempotent: an answer nobody waits for is dropped), a broker that stays away is an env error."""
+        a = self.agent
+        request = PolicyRequest(
+            episode_id=ep.episode_id,
+            step=step,
+            messages=prompt.messages,
+            images=[
+                Image(data=Blob(png), width=w, height=h)
+                for png, (w, h) in zip(prompt.images, prompt.image_sizes, strict=True)
+            ],
+            sampling=SamplingParams(
+                temperature=a.temperature,
+                top_p=a.top_p,
+                max_new_tokens=a.max_new_tokens,
+                seed=ep.seed * 1000 + step if a.temperature > 0 else None,
+            ),
+            task_id=ep.task_id,
+        )
+        delays = backoff_delays(
+            self.runtime.reconnect_backoff_initial_s, self.runtime.reconnect_backoff_max_s
+        )
+        for attempt in range(POLICY_ATTEMPTS):
+            try:
+                reply = await self.broker.request(request, timeout=self.policy_timeout_s)
+            except ActorError as exc:
+                if not exc.transient or attempt == POLICY_ATTEMPTS - 1:
+                    raise EnvFault(f"policy request failed: {exc}") from None
+                self.counters["policy.retries"] += 1
+                await asyncio.sleep(next(delays))
+                continue
+            if not isinstance(reply, PolicyResponse):
+                raise EnvFault(f"broker answered {type(reply).__name__} to a policy request")
+            return reply
+        raise AssertionError("unreachable")

@@ -1,0 +1,239 @@
+"""`guirl eval`: evaluation-only mode, end to end, on a local cluster of processes.
+
+The coordinator runs in this process (it owns the task list and the results); the inference broker
+(with its engines) and W env workers (K VMs each) run as supervised actor processes. A progress line
+shows tasks done, successes, environment errors and steps/s; at the end a table of accuracy per domain
+is printed and `summary.json` written in the run directory, beside the per-episode folders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, TextIO
+
+import msgspec
+
+from guirl.actors.coordinator import Coordinator, TaskResult
+from guirl.actors.process import ActorSpec
+from guirl.actors.supervisor import Supervisor
+from guirl.config import GuirlConfig, make_run_dir, save_resolved
+from guirl.errors import InputError
+from guirl.vmpool.tasks.suite import load_suite
+
+log = logging.getLogger(__name__)
+
+TINY = "tiny"
+"""`model.hf_ckpt = "tiny"`: the tiny random Qwen3-VL, built offline on first use (see `tiny_cache`)."""
+TINY_CACHE = Path(".cache") / "tiny-qwen3vl"
+
+
+class EvalError(RuntimeError):
+    """The run could not finish (an actor kept crashing, a deadline passed)."""
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def resolve_checkpoint(cfg: GuirlConfig) -> str:
+    """The policy checkpoint path the broker loads ("" for backends that need none)."""
+    ckpt = cfg.model.hf_ckpt
+    if cfg.inference.backend != "hf":
+        return ckpt
+    if ckpt == TINY:
+        from guirl.model.tiny import ensure_tiny_checkpoint
+
+        return str(ensure_tiny_checkpoint(TINY_CACHE))
+    if not ckpt:
+        raise InputError(
+            "no policy checkpoint: set HF_CKPT (or model.hf_ckpt) to a Hugging Face checkpoint directory, "
+            'or to "tiny" for the tiny random Qwen3-VL (`guirl model tiny DIR` builds one)'
+        )
+    if not Path(ckpt, "config.json").is_file():
+        raise InputError(f"model.hf_ckpt={ckpt!r} is not a checkpoint directory (no config.json in it)")
+    return ckpt
+
+
+# -- reporting ---------------------------------------------------------------------------------------
+
+
+def progress_line(snap: dict[str, Any]) -> str:
+    scored = snap["scored"]
+    rate = f"{100.0 * snap['score_sum'] / scored:.1f}%" if scored else "-"
+    sps = snap["steps"] / snap["elapsed_s"] if snap["elapsed_s"] > 0 else 0.0
+    return (
+        f"[eval] {snap['done']}/{snap['total']} tasks · running {snap['running']} · "
+        f"success {snap['success']}/{scored} ({rate}) · env errors {snap['env_errors']} · "
+        f"aborted {snap['aborted']} · {sps:.2f} steps/s · {snap['elapsed_s']:.0f} s"
+    )
+
+
+def domain_table(results: list[TaskResult]) -> tuple[dict[str, dict], str]:
+    """Accuracy per domain (mean evaluator score over scored tasks; aborted tasks are listed apart,
+    never counted as failures) and the table as text."""
+    rows: dict[str, dict] = defaultdict(lambda: {"tasks": 0, "scored": 0, "success": 0, "score_sum": 0.0})
+    for r in results:
+        for key in (r.domain, "all"):
+            row = rows[key]
+            row["tasks"] += 1
+            if r.status == "completed":
+                row["scored"] += 1
+                row["score_sum"] += r.score or 0.0
+                row["success"] += int((r.score or 0.0) >= 1.0)
+    out: dict[str, dict] = {}
+    for key, row in rows.items():
+        scored = row["scored"]
+        out[key] = {
+            **row,
+            "score_sum": round(row["score_sum"], 4),
+            "aborted": row["tasks"] - scored,
+            "accuracy": round(row["score_sum"] / scored, 4) if scored else None,
+        }
+    order = sorted(k for k in out if k != "all") + ["all"]
+    lines = [f"{'domain':<20} {'tasks':>5} {'scored':>6} {'success':>7} {'aborted':>7} {'accuracy':>9}"]
+    for key in order:
+        r = out[key]
+        acc = f"{100 * r['accuracy']:.1f}%" if r["accuracy"] is not None else "-"
+        if key == "all":
+            lines.append("-" * len(lines[0]))
+        lines.append(
+            f"{key:<20} {r['tasks']:>5} {r['scored']:>6} {r['success']:>7} {r['aborted']:>7} {acc:>9}"
+        )
+    return {k: out[k] for k in order}, "\n".join(lines)
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+
+async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: TextIO) -> None:
+    """Print progress until every task has its final result; fail if an actor cannot be kept up."""
+    tty = out.isatty()
+    last = ""
+    while not coord.all_done.is_set():
+        coord.progress.clear()
+        with_timeout = asyncio.wait_for(coord.progress.wait(), interval)
+        try:
+            await with_timeout
+        except TimeoutError:
+            pass
+        gave_up = [e for e in sup.history if e.kind == "gave_up"]
+        if gave_up:
+            raise EvalError(f"actor {gave_up[0].name} kept crashing ({gave_up[0].detail}); see its log")
+        line = progress_line(coord.snapshot())
+        if tty:
+            out.write("\r" + line + " " * max(0, len(last) - len(line)))
+            out.flush()
+        elif line.split(" · ")[:4] != last.split(" · ")[:4]:  # a log file gets a line per change
+            out.write(line + "\n")
+            out.flush()
+        last = line
+    if tty:
+        out.write("\n")
+
+
+async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
+    """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary."""
+    e = cfg.eval
+    tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+    ckpt = resolve_checkpoint(cfg)
+    run_dir = run_dir or make_run_dir(cfg)
+    save_resolved(cfg, run_dir)
+    started = time.monotonic()
+    print(f"[eval] {len(tasks)} tasks from {e.tasks} · run directory {run_dir}", file=out)
+    coord = Coordinator(
+        "coordinator",
+        tasks=tasks,
+        mode="eval",
+        max_attempts=e.max_attempts,
+        max_steps=cfg.agent.max_steps,
+        seed=cfg.run.seed,
+        runtime=cfg.runtime,
+        codec=cfg.codec,
+        bind=[cfg.endpoints.coordinator],
+    )
+    coord_task = await coord.start()
+    try:
+        async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
+            broker = await sup.start(
+                ActorSpec(
+                    name="broker",
+                    target="guirl.actors.broker:InferenceBroker",
+                    bind=[cfg.endpoints.broker],
+                    run_dir=str(run_dir),
+                    options={
+                        "inference": msgspec.to_builtins(cfg.inference),
+                        "ckpt": ckpt,
+                        "screen": [cfg.env.screen_width, cfg.env.screen_height],
+                        "coordinates": cfg.agent.coordinates,
+                    },
+                )
+            )
+            print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
+            options = {
+                "coordinator": coord.endpoints[0],
+                "broker": broker.endpoints[0],
+                "run_dir": str(run_dir),
+                "agent": msgspec.to_builtins(cfg.agent),
+                "env": msgspec.to_builtins(cfg.env),
+                "vms": e.vms_per_worker,
+                "setup_timeout_s": e.setup_timeout_s,
+                "policy_timeout_s": cfg.inference.request_timeout_s,
+            }
+            async with asyncio.TaskGroup() as tg:
+                for i in range(e.workers):
+                    opts = dict(options, fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1)
+                    spec = ActorSpec(
+                        name=f"worker{i}",
+                        target="guirl.actors.env_worker:EnvWorker",
+                        run_dir=str(run_dir),
+                        options=opts,
+                    )
+                    tg.create_task(sup.start(spec))
+            print(f"[eval] {e.workers} env worker(s) x {e.vms_per_worker} VM(s) up", file=out)
+            await _progress(coord, sup, e.progress_interval_s, out)
+            await sup.stop_all()
+    finally:
+        coord.request_shutdown("eval done")
+        await coord_task
+    elapsed = time.monotonic() - started
+    results = sorted(coord.results.values(), key=lambda r: (r.domain, r.task_id))
+    per_domain, table = domain_table(results)
+    snap = coord.snapshot()
+    summary = {
+        "run_dir": str(run_dir),
+        "mode": "eval",
+        "tasks_file": e.tasks,
+        "backend": cfg.inference.backend,
+        "checkpoint": ckpt,
+        "seconds": round(elapsed, 2),
+        "tasks": len(results),
+        "accuracy": per_domain["all"]["accuracy"],
+        "domains": per_domain,
+        "episodes": len(coord.ended),
+        "env_errors": snap["env_errors"],
+        "aborted": snap["aborted"],
+        "steps": snap["steps"],
+        "outcomes": _count(r.outcome for r in results if r.status == "completed"),
+        "results": [dataclasses.asdict(r) for r in results],
+    }
+    _write_json(run_dir / "summary.json", summary)
+    print(table, file=out)
+    print(f"[eval] summary: {run_dir / 'summary.json'} ({elapsed:.1f} s)", file=out)
+    return summary
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = defaultdict(int)
+    for item in items:
+        counts[item] += 1
+    return dict(counts)

@@ -1,0 +1,147 @@
+"""The coordinator over real sockets: pull-based assignment, one end state per episode, retries of
+environment errors up to a bound, refusal of unknown and repeated reports, lost workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from guirl.actors.coordinator import Coordinator
+from guirl.errors import InputError
+from guirl.messages import CoordinatorChannel
+from guirl.messages.types import Ack, EpisodeAssignment, EpisodeEnded, NoWork, Register, WorkRequest
+from guirl.vmpool.tasks.suite import SuiteError, SuiteTask, load_suite
+from tests.helpers import client_actor, fast_config, run
+
+SUITE = Path(__file__).resolve().parents[2] / "tasks" / "local"
+
+
+def _tasks(n: int) -> list[SuiteTask]:
+    return [SuiteTask(f"t{i}", "d" if i % 2 else "e", {"id": f"t{i}"}) for i in range(n)]
+
+
+async def _with_coordinator(cfg, tasks, body, **kwargs):
+    coord = Coordinator("coordinator", tasks=tasks, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"], **kwargs)
+    task = await coord.start()
+    try:
+        async with client_actor(cfg) as client:
+            conn = client.connect("coordinator", coord.endpoints[0], CoordinatorChannel)
+            return await body(coord, conn)
+    finally:
+        coord.request_shutdown("test done")
+        await asyncio.wait_for(task, 15)
+
+
+def test_every_task_ends_once_with_retries_bounded():
+    cfg = fast_config()
+
+    async def body(coord, conn):
+        assert isinstance(await conn.request(Register(role="env_worker", name="w")), Ack)
+        a = await conn.request(WorkRequest(worker="w"))
+        b = await conn.request(WorkRequest(worker="w"))
+        assert isinstance(a, EpisodeAssignment) and isinstance(b, EpisodeAssignment)
+        assert (a.task_id, b.task_id) == ("t0", "t1") and a.episode_id != b.episode_id
+        assert a.max_steps == 7 and a.mode == "eval"
+        # nothing left to hand out, but episodes run: wait, not done
+        wait = await conn.request(WorkRequest(worker="w"))
+        assert isinstance(wait, NoWork) and wait.reason != "done"
+        # t0 completes; a repeated report and a report of an unknown episode are refused
+        done = EpisodeEnded(episode_id=a.episode_id, status="completed", score=1.0, outcome="done", steps=3)
+        assert (await conn.request(done)).ok
+        assert not (await conn.request(done)).ok
+        assert not (await conn.request(EpisodeEnded(episode_id="nope", status="completed"))).ok
+        # t1 hits an environment error twice: retried as new episodes (attempt 1, 2), then aborted
+        current = b
+        for attempt in range(3):
+            assert current.attempt == attempt and current.task_id == "t1"
+            ended = EpisodeEnded(
+                episode_id=current.episode_id, status="retried", env_error=f"vm died {attempt}"
+            )
+            assert (await conn.request(ended)).ok
+            current = await conn.request(WorkRequest(worker="w"))
+        assert isinstance(current, NoWork) and current.reason == "done"
+        assert coord.all_done.is_set()
+        t1 = coord.results[("t1", 0)]
+        assert t1.status == "aborted" and t1.attempts == 3 and len(t1.env_errors) == 3
+        assert coord.results[("t0", 0)].score == 1.0
+        snap = coord.snapshot()
+        assert snap["done"] == 2 and snap["success"] == 1 and snap["aborted"] == 1 and snap["env_errors"] == 3
+
+    run(_with_coordinator(cfg, _tasks(2), body, max_attempts=3, max_steps=7))
+
+
+def test_a_lost_worker_episodes_are_retried():
+    cfg = fast_config()
+
+    async def scenario():
+        coord = Coordinator("coordinator", tasks=_tasks(1), runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        task = await coord.start()
+        try:
+            async with client_actor(cfg, "doomed") as client:
+                conn = client.connect("coordinator", coord.endpoints[0], CoordinatorChannel)
+                first = await conn.request(WorkRequest(worker="doomed"))
+                assert isinstance(first, EpisodeAssignment)
+            # the client is gone (its heartbeats stop): the coordinator declares it dead and retries
+            while first.episode_id not in coord.ended:
+                coord.progress.clear()
+                await asyncio.wait_for(coord.progress.wait(), 10)
+            assert coord.ended[first.episode_id].status == "retried"
+            async with client_actor(cfg, "heir") as client:
+                conn = client.connect("coordinator", coord.endpoints[0], CoordinatorChannel)
+                again = await conn.request(WorkRequest(worker="heir"))
+                assert again.task_id == first.task_id and again.attempt == 1
+        finally:
+            coord.request_shutdown("test done")
+            await asyncio.wait_for(task, 15)
+
+    run(scenario())
+
+
+def test_load_suite_reads_the_local_suite():
+    tasks = load_suite(SUITE / "test.json")
+    assert {t.domain for t in tasks} == {"terminal", "text_editor", "spreadsheet"}
+    assert len(tasks) == 6 and all(t.task["id"] == t.task_id for t in tasks)
+    assert [t.task_id for t in load_suite(SUITE / "test.json", domains=["terminal"], limit=2)] == [
+        "terminal-echo-hello",
+        "terminal-rename",
+    ]
+
+
+@pytest.mark.parametrize(
+    "listing, match",
+    [
+        ("not json", "not JSON"),
+        ("[1, 2]", "object of domain"),
+        ('{"terminal": ["../../etc/passwd"]}', "plain file name"),
+        ('{"terminal": ["missing-task"]}', "cannot read"),
+        ('{"terminal": ["terminal-rename", "terminal-rename"]}', "twice"),
+        ('{"..": ["x"]}', "plain file name"),
+        ("{}", "no tasks"),
+    ],
+)
+def test_load_suite_rejects_bad_lists(tmp_path, listing, match):
+    (tmp_path / "examples").symlink_to(SUITE / "examples")
+    meta = tmp_path / "list.json"
+    meta.write_text(listing)
+    with pytest.raises(SuiteError, match=match) as err:
+        load_suite(meta)
+    assert isinstance(err.value, InputError)
+
+
+def test_load_suite_rejects_a_broken_task_file(tmp_path):
+    (tmp_path / "examples" / "d").mkdir(parents=True)
+    (tmp_path / "examples" / "d" / "x.json").write_text(json.dumps({"id": "x"}))
+    (tmp_path / "examples" / "d" / "y.json").write_text(
+        json.dumps({"id": "other", "instruction": "i", "evaluator": {"func": "infeasible"}})
+    )
+    (tmp_path / "a.json").write_text('{"d": ["x"]}')
+    with pytest.raises(SuiteError, match="x.json"):
+        load_suite(tmp_path / "a.json")
+    (tmp_path / "b.json").write_text('{"d": ["y"]}')
+    with pytest.raises(SuiteError, match="its id is 'other'"):
+        load_suite(tmp_path / "b.json")
+    with pytest.raises(SuiteError, match="no domain"):
+        load_suite(tmp_path / "b.json", domains=["zzz"])
