@@ -353,7 +353,7 @@ class EnvWorker(Actor):
             last = i == len(actions) - 1 and not self.agent.sleep_after_action_s
             if self.env.action_space == "pyautogui":  # OSWorld's /execute, with a program we composed
                 program = "import pyautogui, time; pyautogui.FAILSAFE = False; " + to_pyautogui(action)
-                out = await client.execute(["python3", "-c", program], timeout_s=60)
+                out = await client.execute(["python", "-c", program], timeout_s=60)
                 if out.get("returncode", 0) != 0:
                     refused.append(str(out.get("error") or out.get("output") or "failed")[:300])
                 shot = None

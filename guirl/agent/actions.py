@@ -7,6 +7,7 @@ quoting. Coordinates are screen pixels.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 import msgspec
@@ -100,27 +101,46 @@ TERMINAL = (Done, Fail)
 def to_pyautogui(action: AnyAction) -> str:
     """The pyautogui program equivalent to `action`, for a VM that only offers OSWorld's `/execute`.
 
-    Every value is an int from a validated field or a string literal made by `repr`, so the program is
-    exactly one intended call: text can never break out of its literal."""
+    Every value is written by a base type's own `repr` (an int, a finite float, a string literal), so the
+    program is exactly the intended call: text can never break out of its literal. Types are checked here,
+    not trusted, because a Struct built in Python (rather than decoded) is not validated."""
     match action:
         case Click(x=x, y=y, button=b, clicks=n):
-            return f"pyautogui.click({x}, {y}, clicks={n}, button={b!r})"
+            return f"pyautogui.click({_int(x)}, {_int(y)}, clicks={_int(n)}, button={_str(b)})"
         case MoveTo(x=x, y=y):
-            return f"pyautogui.moveTo({x}, {y})"
+            return f"pyautogui.moveTo({_int(x)}, {_int(y)})"
         case Drag(x=x, y=y, to_x=tx, to_y=ty, button=b):
-            return f"pyautogui.moveTo({x}, {y}); pyautogui.dragTo({tx}, {ty}, duration=0.2, button={b!r})"
+            return (
+                f"pyautogui.moveTo({_int(x)}, {_int(y)}); "
+                f"pyautogui.dragTo({_int(tx)}, {_int(ty)}, duration=0.2, button={_str(b)})"
+            )
         case DragTo(to_x=tx, to_y=ty, button=b):
-            return f"pyautogui.dragTo({tx}, {ty}, duration=0.2, button={b!r})"
+            return f"pyautogui.dragTo({_int(tx)}, {_int(ty)}, duration=0.2, button={_str(b)})"
         case Scroll(amount=a, horizontal=h, x=x, y=y):
             fn = "hscroll" if h else "scroll"
-            at = f", x={x}, y={y}" if x is not None and y is not None else ""
-            return f"pyautogui.{fn}({a}{at})"
+            at = f", x={_int(x)}, y={_int(y)}" if x is not None and y is not None else ""
+            return f"pyautogui.{fn}({_int(a)}{at})"
         case TypeText(text=text):
-            return f"pyautogui.write({text!r}, interval=0.0)"
+            return f"pyautogui.write({_str(text)}, interval=0.0)"
         case Hotkey(keys=keys):
-            return f"pyautogui.hotkey({', '.join(repr(k) for k in keys)})"
+            return f"pyautogui.hotkey({', '.join(_str(k) for k in keys)})"
         case Wait(seconds=s):
-            return f"time.sleep({float(s)!r})"
+            return f"time.sleep({_float(s)})"
         case Done() | Fail():
             return "pass"
     raise TypeError(f"not an action: {action!r}")
+
+
+def _int(value: object) -> str:
+    # int.__repr__ ignores a subclass's __repr__; a non-int (a str in a coordinate) raises TypeError.
+    return int.__repr__(value)  # type: ignore[arg-type]
+
+
+def _float(value: object) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TypeError(f"not a finite number: {value!r}")  # nan and inf would be names, not literals
+    return float.__repr__(float(value))
+
+
+def _str(value: object) -> str:
+    return str.__repr__(value)  # type: ignore[arg-type]

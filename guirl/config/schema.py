@@ -227,16 +227,16 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     coordinates: Literal["relative", "absolute"] = "relative"
     """Coordinates the model speaks: a 0-999 grid over the screen (`relative`) or pixels of the image seen."""
-    history_images: NonNegInt = 3
-    """Past screenshots kept as images in the prompt (with their responses); older steps become text."""
+    history_images: NonNegInt = 2
+    """Past steps shown with their screenshots (the current one comes on top); older ones are text only."""
     max_prompt_tokens: PosInt = 32768
     """Token budget of one prompt; the oldest history images are dropped first to fit."""
     image_factor: PosInt = 32
     """Side multiple images are resized to (patch size x merge size of the vision encoder)."""
     min_pixels: PosInt = 3136
     """Fewest pixels of an image after `smart_resize`."""
-    max_pixels: PosInt = 1920 * 1080
-    """Most pixels of an image after `smart_resize`."""
+    max_pixels: PosInt = 16 * 16 * 4 * 12800
+    """Most pixels of an image after `smart_resize` (the seed's bound: a 1080p screen stays 1920x1088)."""
     max_steps: PosInt = 15
     """Steps before an episode is cut off (TRUNCATED, then evaluated as it stands)."""
     max_actions_per_step: PosInt = 5

@@ -33,7 +33,7 @@ DiagChannel = Control | Echo | EchoReply
 CoordinatorChannel = (
     Control | Register | Ack | WorkRequest | EpisodeAssignment | NoWork | EpisodeEnded | WeightsPublished
 )
-PolicyChannel = Control | PolicyRequest | PolicyResponse | WeightsPublished
+PolicyChannel = Control | Ack | PolicyRequest | PolicyResponse | WeightsPublished
 PRMChannel = Control | Transition | StepScore
 LearnerChannel = Control | Trajectory | StepScore | Ack | WeightsPublished
 

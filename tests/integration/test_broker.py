@@ -86,7 +86,8 @@ def test_batching_off_serves_one_at_a_time(script_dir):
 def test_routes_over_engines_least_loaded(script_dir):
     cfg = fast_config()
     engines = [
-        ScriptedEngine(f"s{i}", str(script_dir), screen=(1000, 1000), latency_s=0.1, max_batch=2) for i in range(3)
+        ScriptedEngine(f"s{i}", str(script_dir), screen=(1000, 1000), latency_s=0.1, max_batch=2)
+        for i in range(3)
     ]
 
     async def body(broker, conn):
@@ -102,9 +103,7 @@ def test_backpressure_answers_overloaded(script_dir):
     engine = ScriptedEngine("s0", str(script_dir), screen=(1000, 1000), latency_s=0.3, max_batch=1)
 
     async def body(broker, conn):
-        results = await asyncio.gather(
-            *(conn.request(_request(i)) for i in range(8)), return_exceptions=True
-        )
+        results = await asyncio.gather(*(conn.request(_request(i)) for i in range(8)), return_exceptions=True)
         refused = [r for r in results if isinstance(r, RemoteError)]
         served = [r for r in results if isinstance(r, PolicyResponse)]
         assert refused and all(r.code == "overloaded" and r.transient for r in refused)

@@ -1,0 +1,126 @@
+"""An engine that plays back scripts: the whole loop (prompt, parse, act, score) without a model.
+
+`<script_dir>/<task_id>.jsonl` holds one line per step, either a typed action as `load_solution` reads
+them (`{"type": "click", "x": 10, "y": 20}`) or a recorded response (`{"response": "Action: ...\\n
+<tool_call>...</tool_call>"}`, e.g. a trajectory's lines). Step n is answered with line n rendered as
+the model would write it; past the end, with `terminate success`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from guirl.agent.actions import AnyAction, Done
+from guirl.agent.imaging import image_size
+from guirl.agent.parse import Coordinates, render_response
+from guirl.inference.base import EngineError, GenRequest, GenResult, stamp
+
+_TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
+ScriptLine = AnyAction | str
+"""A typed action to render, or a verbatim response."""
+
+
+class ScriptedEngine:
+    """Answers each request from its task's script (see the module docstring); no tokens, no weights."""
+
+    supports_tokens = False
+
+    def __init__(
+        self,
+        name: str,
+        script_dir: str | Path,
+        *,
+        screen: tuple[int, int],
+        coordinates: Coordinates = "relative",
+        latency_s: float = 0.0,
+        max_batch: int = 8,
+    ) -> None:
+        self.name = name
+        self.policy_version = -1
+        self.max_batch = max_batch
+        self.script_dir = Path(script_dir)
+        self.screen = screen
+        self.coordinates: Coordinates = coordinates
+        self.latency_s = latency_s
+        self._scripts: dict[str, list[ScriptLine]] = {}
+
+    async def start(self) -> None:
+        """Nothing to load: scripts are read on first use."""
+
+    async def generate(self, batch: list[GenRequest]) -> list[GenResult]:
+        """The scripted response of each request's (task, step), after one simulated generation delay."""
+        started = time.monotonic()
+        texts = [self._answer(request) for request in batch]  # a bad request fails the batch before the wait
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        return stamp([GenResult(text=text, finish_reason="stop") for text in texts], self, started)
+
+    async def health(self) -> bool:
+        """Always able to serve."""
+        return True
+
+    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+        """Record the version (there are no weights)."""
+        self.policy_version = version
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+    def _answer(self, request: GenRequest) -> str:
+        script = self._script(request.task_id)
+        line: ScriptLine = script[request.step] if 0 <= request.step < len(script) else Done()
+        if isinstance(line, str):
+            return line
+        seen = None
+        if self.coordinates == "absolute":
+            seen = image_size(request.images[-1]) if request.images else self.screen
+        try:
+            return render_response([line], screen=self.screen, coordinates=self.coordinates, image_size=seen)
+        except ValueError as exc:
+            raise EngineError(f"{request.task_id} step {request.step}: {exc}", retryable=False) from None
+
+    def _script(self, task_id: str) -> list[ScriptLine]:
+        if task_id not in self._scripts:
+            # The id names a file: refuse anything that could leave `script_dir`.
+            if not _TASK_ID.fullmatch(task_id) or set(task_id) == {"."}:
+                raise EngineError(f"task id {task_id!r} cannot name a script", retryable=False)
+            path = self.script_dir / f"{task_id}.jsonl"
+            try:
+                text = path.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise EngineError(f"no script for task {task_id!r}: {exc}", retryable=False) from None
+            self._scripts[task_id] = _parse_script(path, text)
+        return self._scripts[task_id]
+
+
+def _parse_script(path: Path, text: str) -> list[ScriptLine]:
+    lines: list[ScriptLine] = []
+    last_step: Any = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip() or raw.lstrip().startswith("#"):
+            continue
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            raise EngineError(f"{path}:{n}: not JSON: {exc}", retryable=False) from None
+        if not isinstance(obj, dict) or not ("type" in obj or isinstance(obj.get("response"), str)):
+            raise EngineError(f"{path}:{n}: neither a typed action nor a response line", retryable=False)
+        if "type" in obj:
+            try:
+                lines.append(msgspec.json.decode(raw, type=AnyAction))  # as `load_solution` reads it
+            except msgspec.ValidationError as exc:
+                raise EngineError(f"{path}:{n}: not a typed action: {exc}", retryable=False) from None
+            continue
+        # A trajectory writes one line per executed action, repeating the step's response: keep one.
+        step = obj.get("step_num", obj.get("step"))
+        if step is None or step != last_step:
+            lines.append(obj["response"])
+        last_step = step
+    return lines

@@ -1,0 +1,180 @@
+"""The policy prompt: layout, history truncation, the token budget, coordinate modes."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from PIL import Image
+
+from guirl.agent.imaging import image_size
+from guirl.agent.prompt import (
+    IMAGE_OVERHEAD_TOKENS,
+    MESSAGE_OVERHEAD_TOKENS,
+    Prompt,
+    PromptConfig,
+    PromptTooLong,
+    StepRecord,
+    build_prompt,
+    system_prompt,
+)
+from guirl.config.schema import AgentConfig
+from guirl.messages.types import ImagePart, TextPart
+
+SCREEN = (320, 200)
+RESIZED = (320, 192)  # smart_resize(200, 320, 32): 200/32 = 6.25 -> 6 -> 192; 320 stays
+IMAGE_TOKENS = (192 // 32) * (320 // 32)  # 60
+
+
+def _png(shade: int, size: tuple[int, int] = SCREEN) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, (shade, shade, shade)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _history(n: int) -> list[StepRecord]:
+    return [
+        StepRecord(
+            screenshot=_png(10 * i),
+            response=f"Action: step {i}\n<tool_call>{{}}</tool_call>",
+            action_line=f"step {i}",
+        )
+        for i in range(1, n + 1)
+    ]
+
+
+def _build(history: list[StepRecord], **cfg: object) -> Prompt:
+    return build_prompt("Open the file", history, _png(250), screen=SCREEN, cfg=PromptConfig(**cfg))  # type: ignore[arg-type]
+
+
+def _shade(png: bytes) -> int:
+    with Image.open(io.BytesIO(png)) as img:
+        return img.convert("L").getpixel((5, 5))
+
+
+def test_first_step_layout():
+    p = _build([])
+    assert [m.role for m in p.messages] == ["system", "user"]
+    system = p.messages[0].parts[0]
+    assert isinstance(system, TextPart) and system.text.startswith("# Tools\n")
+    image, text = p.messages[1].parts
+    assert image == ImagePart(0) and isinstance(text, TextPart)
+    assert "Instruction: Open the file" in text.text
+    assert text.text.endswith("Previous actions:\nNone")
+    assert len(p.images) == 1 and p.image_sizes == [RESIZED]
+    assert image_size(p.images[0]) == RESIZED
+    assert p.dropped_images == 0
+
+
+def test_history_keeps_the_last_images_and_lists_every_step():
+    p = _build(_history(5), history_images=3)
+    roles = [m.role for m in p.messages]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user", "assistant", "user"]
+    # Steps 3..5 are shown as image + response turns, in order, with their own screenshots.
+    responses = [m.parts[0].text for m in p.messages if m.role == "assistant"]  # type: ignore[union-attr]
+    assert [r.splitlines()[0] for r in responses] == ["Action: step 3", "Action: step 4", "Action: step 5"]
+    image_refs = [part.index for m in p.messages for part in m.parts if isinstance(part, ImagePart)]
+    assert image_refs == [0, 1, 2, 3]
+    assert [_shade(img) for img in p.images] == [30, 40, 50, 250]
+    # Every step is in the text, steps 1 and 2 only there.
+    final = p.messages[-1].parts[-1].text  # type: ignore[union-attr]
+    assert "Previous actions:\n" + "\n".join(f"Step {i}: step {i}" for i in range(1, 6)) in final
+
+
+def test_no_history_images():
+    p = _build(_history(5), history_images=0)
+    assert [m.role for m in p.messages] == ["system", "user"]
+    assert len(p.images) == 1 and _shade(p.images[0]) == 250
+    assert "Step 5: step 5" in p.messages[-1].parts[-1].text  # type: ignore[union-attr]
+
+
+def test_action_line_prefix_and_missing_line():
+    history = [
+        StepRecord(screenshot=_png(1), response="r1", action_line="Action: click OK"),
+        StepRecord(screenshot=_png(2), response="r2", action_line=""),
+    ]
+    text = _build(history).messages[-1].parts[-1].text  # type: ignore[union-attr]
+    assert "Step 1: click OK\nStep 2: Execute action" in text
+
+
+def test_estimate_counts_text_images_and_turns():
+    history = _history(2)
+    p = build_prompt("x", history, _png(0), screen=SCREEN, cfg=PromptConfig(), count_tokens=lambda s: 0)
+    per_image = IMAGE_TOKENS + IMAGE_OVERHEAD_TOKENS
+    assert len(p.images) == 3  # fewer past steps than history_images: all of them shown
+    assert p.est_tokens == 3 * per_image + 6 * MESSAGE_OVERHEAD_TOKENS
+    default = _build(history)
+    text_bytes = sum(
+        len(part.text.encode()) for m in default.messages for part in m.parts if isinstance(part, TextPart)
+    )
+    assert default.est_tokens == text_bytes + 3 * per_image + 6 * MESSAGE_OVERHEAD_TOKENS
+
+
+def test_budget_drops_oldest_images_first():
+    history = _history(5)
+    full = _build(history, history_images=3)
+    step_cost = full.est_tokens - _build(history, history_images=2).est_tokens
+    p = _build(history, history_images=3, max_prompt_tokens=full.est_tokens - 1)
+    assert p.dropped_images == 1 and len(p.images) == 3
+    assert [_shade(img) for img in p.images] == [40, 50, 250]
+    assert p.est_tokens == full.est_tokens - step_cost <= full.est_tokens - 1
+    # Just the current screenshot left: the budget of the imageless prompt is enough.
+    bare = _build(history, history_images=0)
+    p = _build(history, history_images=3, max_prompt_tokens=bare.est_tokens)
+    assert p.dropped_images == 3 and len(p.images) == 1 and _shade(p.images[0]) == 250
+    assert [m.role for m in p.messages] == ["system", "user"]
+    assert p.est_tokens == bare.est_tokens
+
+
+def test_prompt_too_long_when_even_the_current_image_does_not_fit():
+    bare = _build(_history(3), history_images=0)
+    with pytest.raises(PromptTooLong) as info:
+        _build(_history(3), history_images=3, max_prompt_tokens=bare.est_tokens - 1)
+    assert isinstance(info.value, ValueError)
+    assert info.value.est == bare.est_tokens and info.value.budget == bare.est_tokens - 1
+
+
+def test_coordinate_modes_in_the_system_prompt():
+    relative = _build([]).messages[0].parts[0].text  # type: ignore[union-attr]
+    absolute = _build([], coordinates="absolute").messages[0].parts[0].text  # type: ignore[union-attr]
+    assert "The screen's resolution is 1000x1000." in relative
+    assert "The screen's resolution is 320x192." in absolute  # the resized image, not the screen
+    assert system_prompt(1, 1, "relative") == system_prompt(1920, 1080, "relative")
+    with pytest.raises(ValueError):
+        system_prompt(1, 1, "pixels")  # type: ignore[arg-type]
+
+
+def test_system_prompt_schema():
+    text = system_prompt(640, 384, "absolute")
+    tools = json.loads(text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0])
+    fn = tools["function"]
+    assert fn["name"] == "computer_use"
+    actions = fn["parameters"]["properties"]["action"]["enum"]
+    assert actions == [
+        "key", "type", "mouse_move", "left_click", "left_click_drag", "right_click", "middle_click",
+        "double_click", "triple_click", "scroll", "hscroll", "wait", "terminate",
+    ]  # fmt: skip
+    assert set(fn["parameters"]["properties"]) == {
+        "action",
+        "keys",
+        "text",
+        "coordinate",
+        "pixels",
+        "time",
+        "status",
+    }
+    assert fn["parameters"]["properties"]["status"]["enum"] == ["success", "failure"]
+    assert "* The screen's resolution is 640x384." in fn["description"]
+    assert text.rstrip().endswith("If finishing, use action=terminate in the tool call.")
+
+
+def test_step_images_are_resized_once():
+    history = _history(2)
+    a, b = _build(history), _build(history)
+    assert a.images[0] is b.images[0]
+
+
+def test_from_config():
+    cfg = PromptConfig.from_config(AgentConfig(coordinates="absolute", history_images=1, max_pixels=10_000))
+    assert cfg == PromptConfig(coordinates="absolute", history_images=1, max_pixels=10_000)
