@@ -1,11 +1,13 @@
 """The `guirl` command.
 
-    guirl demo                  the transport demo (what `make demo` runs)
+    guirl eval --config FILE    evaluation-only mode: every task of an eval set, accuracy per domain
+    guirl demo                  the transport demo (actors, sockets, a broker killed and restarted)
     guirl replay ...            read, filter, export and re-send message logs (also `bin/replay`)
     guirl config show           the resolved configuration as TOML (`--describe`: every setting documented)
     guirl actor run TARGET      run one actor in the foreground (module:Class), e.g. as a replay target
     guirl tasks check PATH...   validate task files; per domain, how many guirl fully supports
     guirl vm shot|run ...       a local VM: a screenshot, or a task set up, acted on and evaluated
+    guirl model tiny OUTDIR     write a tiny random Qwen3-VL checkpoint (tests, demos; built offline)
     guirl version
 
 Configuration: `--config FILE.toml`, then the seed's environment variables, then `--set key=value`.
@@ -63,6 +65,39 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+EVAL_FLAGS = {
+    "tasks": "eval.tasks",
+    "workers": "eval.workers",
+    "vms_per_worker": "eval.vms_per_worker",
+    "limit": "eval.limit",
+    "backend": "inference.backend",
+    "max_steps": "agent.max_steps",
+    "ckpt": "model.hf_ckpt",
+}
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from guirl.eval import EvalError, run_eval
+    from guirl.log import setup_logging
+
+    for flag, path in EVAL_FLAGS.items():  # flags win over the file and the environment
+        value = getattr(args, flag)
+        if value is not None:
+            args.set.append(f"{path}={value}")
+    if args.domain:
+        args.set.append(f"eval.domains={json.dumps(args.domain)}")
+    cfg = _load(args)
+    setup_logging("eval", level=cfg.logging.level, fmt=cfg.logging.format)
+    try:
+        summary = uvloop.run(run_eval(cfg))
+    except EvalError as exc:
+        print(f"guirl eval: {exc}", file=sys.stderr)
+        return 1
+    return 0 if summary["tasks"] else 1
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from guirl.config import describe, to_toml
 
@@ -114,11 +149,30 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
+def cmd_model_tiny(args: argparse.Namespace) -> int:
+    from guirl.model.tiny import count_parameters, write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(args.outdir, seed=args.seed, hidden=args.hidden, layers=args.layers)
+    print(f"{path} ({count_parameters(path):,} parameters)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from guirl.msglog.cli import add_arguments as replay_arguments
 
     parser = argparse.ArgumentParser(prog="guirl", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    p = sub.add_parser("eval", help="evaluation-only mode: run an eval set, report accuracy per domain")
+    _config_args(p)
+    p.add_argument("--tasks", help="meta list of tasks ({domain: [ids]}), e.g. tasks/local/test.json")
+    p.add_argument("--domain", action="append", default=[], help="only this domain (repeatable)")
+    p.add_argument("--limit", type=int, help="only the first N tasks")
+    p.add_argument("--workers", type=int, help="env worker processes")
+    p.add_argument("--vms-per-worker", type=int, help="VMs (concurrent episodes) per env worker")
+    p.add_argument("--backend", choices=["hf", "openai", "scripted", "sglang"], help="inference backend")
+    p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
+    p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
+    p.set_defaults(func=cmd_eval)
     p = sub.add_parser("demo", help="run the transport demo")
     _config_args(p)
     p.set_defaults(func=cmd_demo)
@@ -158,6 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     vm_arguments(p)
     p.set_defaults(func=lambda a: __import__("guirl.vmpool.cli", fromlist=["run"]).run(a))
+    p = sub.add_parser("model", help="model checkpoints")
+    msub = p.add_subparsers(dest="model_cmd", required=True)
+    mt = msub.add_parser("tiny", help="write a tiny random Qwen3-VL checkpoint in Hugging Face format")
+    mt.add_argument("outdir", metavar="OUTDIR", help="directory to write (created if missing)")
+    mt.add_argument("--seed", type=int, default=0, help="weight initialisation seed (same seed, same bytes)")
+    mt.add_argument("--hidden", type=int, default=128, help="text hidden size")
+    mt.add_argument("--layers", type=int, default=2, help="text decoder layers")
+    mt.set_defaults(func=cmd_model_tiny)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
     return parser

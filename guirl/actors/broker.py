@@ -158,6 +158,7 @@ def _response(result: GenResult, waited: float) -> PolicyResponse:
         policy_version=result.policy_version,
         engine=result.engine,
         latency_s=result.latency_s + waited,
+        error=result.error,
     )
 
 

@@ -402,5 +402,7 @@ class EnvWorker(Actor):
                 continue
             if not isinstance(reply, PolicyResponse):
                 raise EnvFault(f"broker answered {type(reply).__name__} to a policy request")
+            if reply.finish_reason == "abort":  # the engine refused the request: not something the policy did
+                raise EnvFault(f"the engine aborted the request: {reply.error or 'no reason given'}")
             return reply
         raise AssertionError("unreachable")

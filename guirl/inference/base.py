@@ -65,6 +65,8 @@ class GenResult:
     policy_version: int = -1
     engine: str = ""
     latency_s: float = 0.0
+    error: str = ""
+    """Why the engine aborted this request (`finish_reason == "abort"`): a bad request, not a policy act."""
 
 
 @runtime_checkable

@@ -292,6 +292,8 @@ class PolicyResponse(Message):
     policy_version: int = -1
     engine: str = ""
     latency_s: float = 0.0
+    error: str = ""
+    """Why the engine aborted the request (finish_reason `abort`): the request's fault, never the policy's."""
 
 
 # --- transitions, scores and trajectories -------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""Broker throughput with the `hf` backend: batching on (max_batch 8) vs off (max_batch 1), at 1, 4 and 8
+concurrent env workers' requests, measured side by side in one run (interleaved rounds) on the tiny
+Qwen3-VL. Each request is a real step prompt (system prompt, instruction, a 1280x800 screenshot resized
+as the local config does). Prints a table, the on/off ratios, and one line of JSON.
+
+    python bench/broker.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import uvloop  # noqa: E402
+
+from guirl.actors.base import Actor  # noqa: E402
+from guirl.actors.broker import InferenceBroker  # noqa: E402
+from guirl.actors.demo import synthetic_screen  # noqa: E402
+from guirl.agent.prompt import PromptConfig, build_prompt  # noqa: E402
+from guirl.config import load_config  # noqa: E402
+from guirl.config.schema import InferenceConfig  # noqa: E402
+from guirl.inference.hf import HFEngine  # noqa: E402
+from guirl.messages import Blob, PolicyChannel  # noqa: E402
+from guirl.messages.types import Image, PolicyRequest, PolicyResponse, SamplingParams  # noqa: E402
+from guirl.model.tiny import ensure_tiny_checkpoint  # noqa: E402
+
+CONCURRENCY = (1, 4, 8)
+MAX_NEW_TOKENS = 32
+
+
+def make_request(i: int) -> PolicyRequest:
+    cfg = PromptConfig(max_pixels=262144)
+    screen = synthetic_screen(1280, 800, i)
+    prompt = build_prompt(f"Open the file number {i} in the editor", [], screen, screen=(1280, 800), cfg=cfg)
+    return PolicyRequest(
+        episode_id=f"bench{i}",
+        step=0,
+        messages=prompt.messages,
+        images=[
+            Image(data=Blob(p), width=w, height=h) for p, (w, h) in zip(prompt.images, prompt.image_sizes)
+        ],
+        # sampled, so that requests differ; the random tiny model rarely stops early, so lengths are even
+        sampling=SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS, seed=i),
+    )
+
+
+async def load(conn, concurrency: int, per_client: int) -> tuple[float, int, int]:
+    """`concurrency` clients each sending `per_client` requests back to back: (seconds, requests, tokens)."""
+    tokens = 0
+
+    async def client(c: int) -> None:
+        nonlocal tokens
+        for k in range(per_client):
+            reply = await conn.request(make_request(c * 1000 + k), timeout=300)
+            assert isinstance(reply, PolicyResponse), reply
+            tokens += reply.response_ids.shape[0]
+
+    t = time.perf_counter()
+    await asyncio.gather(*(client(c) for c in range(concurrency)))
+    return time.perf_counter() - t, concurrency * per_client, tokens
+
+
+async def run(quick: bool) -> dict:
+    rounds, per_client = (1, 2) if quick else (3, 3)
+    cfg = load_config(env={}, overrides=["logging.level=WARNING"])
+    with tempfile.TemporaryDirectory(prefix="guirl-bench-") as tmp:
+        ckpt = str(ensure_tiny_checkpoint(Path(tmp) / "tiny"))
+        brokers = {}
+        for mode, max_batch in (("off", 1), ("on", 8)):
+            inf = InferenceConfig(backend="hf", max_batch=max_batch, max_wait_ms=5.0)
+            engine = HFEngine(f"hf-{mode}", ckpt, max_batch=max_batch)
+            broker = InferenceBroker(
+                f"broker-{mode}",
+                inference=inf,
+                engines=[engine],
+                runtime=cfg.runtime,
+                bind=["tcp://127.0.0.1:0"],
+            )
+            brokers[mode] = (broker, await broker.start())
+        client = Actor("bench", runtime=cfg.runtime)
+        client_task = await client.start()
+        conns = {m: client.connect(m, b.endpoints[0], PolicyChannel) for m, (b, _) in brokers.items()}
+        try:
+            for conn in conns.values():  # warm-up: first-call costs out of the measurement
+                await load(conn, 2, 1)
+            samples: dict[tuple[str, int], list[tuple[float, int, int]]] = {}
+            for _ in range(rounds):
+                for c in CONCURRENCY:
+                    for mode, conn in conns.items():  # interleaved: the machine's noise hits both alike
+                        samples.setdefault((mode, c), []).append(await load(conn, c, per_client))
+        finally:
+            client.request_shutdown("bench done")
+            await client_task
+            for broker, task in brokers.values():
+                broker.request_shutdown("bench done")
+                await task
+    figures: dict[str, dict] = {}
+    for (mode, c), runs in samples.items():
+        rps = [n / s for s, n, _ in runs]
+        tps = [t / s for s, _, t in runs]
+        figures.setdefault(mode, {})[str(c)] = {
+            "requests_per_s": round(statistics.median(rps), 2),
+            "tokens_per_s": round(statistics.median(tps), 1),
+        }
+    ratios = {
+        str(c): round(figures["on"][str(c)]["requests_per_s"] / figures["off"][str(c)]["requests_per_s"], 2)
+        for c in CONCURRENCY
+    }
+    return {"batching_off": figures["off"], "batching_on": figures["on"], "speedup_on_vs_off": ratios}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    args = parser.parse_args()
+    result = uvloop.run(run(args.quick))
+    head = ("concurrent", "off req/s", "on req/s", "off tok/s", "on tok/s")
+    print(" ".join(f"{h:>10}" for h in head) + f" {'on/off':>7}")
+    for c in CONCURRENCY:
+        off, on = result["batching_off"][str(c)], result["batching_on"][str(c)]
+        print(
+            f"{c:>10} {off['requests_per_s']:>10} {on['requests_per_s']:>10} {off['tokens_per_s']:>10} "
+            f"{on['tokens_per_s']:>10} {result['speedup_on_vs_off'][str(c)]:>6}x"
+        )
+    target = result["speedup_on_vs_off"]["8"] >= 2.5
+    print(f"target >= 2.5x at 8 concurrent: {'met' if target else 'NOT met'}")
+    print(json.dumps({"bench": "broker", **result, "target_met": target}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,364 @@
+"""The `hf` engine: a Qwen3-VL model served in-process with transformers' `generate`.
+
+One engine is one model on one device; `generate` calls run one at a time (a lock), each in a worker
+thread so the event loop keeps serving. A batch is cut into sub-batches of requests that sample
+alike (greedy, or the same temperature / top-p / top-k / seed), because `generate` takes one set of
+sampling settings; each sub-batch is left-padded and run as one `generate` call. Per-request
+`max_new_tokens` and stop strings are honoured inside a sub-batch by a per-row stopping criterion.
+
+Left padding and Qwen3-VL's 3-D rope: the model computes each row's mrope positions from its
+unpadded tokens (`get_rope_index` masks with `attention_mask`) and continues them during decoding from
+the attention-mask cumsum plus the row's rope delta, so a request gets the same positions, and the
+same greedy tokens, alone or in a batch.
+
+A request that cannot be served by itself (images that do not decode, prompt ids whose image-pad
+tokens do not match the images, a prompt longer than the model's context) is answered alone with
+`finish_reason="abort"` and empty text, and the reason logged; the rest of its batch is served. Only
+a failure of the engine itself raises `EngineError` for the whole batch.
+
+Log-probs are those of the chosen token under the temperature-scaled distribution (raw logits when
+greedy), before top-p / top-k truncation, as SGLang returns them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from guirl.inference.base import EngineDead, EngineError, FinishReason, GenRequest, GenResult, stamp
+from guirl.inference.chat import ChatRenderer, RenderedPrompt
+from guirl.messages.types import SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Prepared:
+    """One servable request of a batch."""
+
+    index: int
+    prompt: RenderedPrompt
+    sampling: SamplingParams
+    max_new: int
+
+
+def sampling_key(s: SamplingParams) -> tuple:
+    """Requests with equal keys can share one `generate` call (greedy ignores the other settings)."""
+    if s.temperature <= 0:
+        return ("greedy",)
+    return ("sample", s.temperature, s.top_p, s.top_k if s.top_k > 0 else 0, s.seed)
+
+
+class _RowStop:
+    """Per-row stopping inside one `generate` call: a row is done at its own `max_new_tokens` or when its
+    text contains one of its stop strings (rows that are done get padding until all are)."""
+
+    def __init__(self, prompt_len: int, limits: list[int], stops: list[list[str]], tokenizer: Any) -> None:
+        self.prompt_len, self.limits, self.stops, self.tokenizer = prompt_len, limits, stops, tokenizer
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        n = input_ids.shape[1] - self.prompt_len
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row, (limit, stops) in enumerate(zip(self.limits, self.stops)):
+            if n >= limit:
+                done[row] = True
+            elif stops:
+                text = self.tokenizer.decode(input_ids[row, self.prompt_len :].tolist())
+                done[row] = any(s in text for s in stops)
+        return done
+
+
+class HFEngine:
+    """A transformers model behind the `Engine` protocol; token-exact (prompt/response ids, log-probs)."""
+
+    supports_tokens = True
+
+    def __init__(
+        self,
+        name: str,
+        ckpt_dir: str | Path,
+        *,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch: int = 8,
+        threads: int = 0,
+    ) -> None:
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self.name = name
+        self.ckpt_dir = Path(ckpt_dir)
+        self.device = torch.device(device)
+        self.dtype = _DTYPES[dtype]
+        self.max_batch = max(1, max_batch)
+        self.threads = threads
+        self.policy_version = -1
+        self._model: Any = None
+        self._renderer: ChatRenderer | None = None
+        self._lock = asyncio.Lock()  # one generate / weight update at a time: the model is not reentrant
+        # All torch work runs on this one thread rather than asyncio.to_thread's pool: OpenMP's thread
+        # count (torch.set_num_threads) is per calling thread, and every new calling thread brings its own
+        # OpenMP team, which on a small CPU competes with the others (measured: batches 2x slower).
+        self._executor: ThreadPoolExecutor | None = None
+        self._eos: set[int] = set()
+        self._pad_id = 0
+        self._max_positions = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the model and the renderer (in a worker thread)."""
+        try:
+            await self._in_worker(self._load)
+        except (OSError, ValueError) as exc:
+            raise EngineError(
+                f"engine {self.name}: cannot load {self.ckpt_dir}: {exc}", retryable=False
+            ) from exc
+
+    def _load(self) -> None:
+        from transformers import Qwen3VLForConditionalGeneration
+
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)  # process-wide: one engine per process is the intended use
+        renderer = ChatRenderer.load(self.ckpt_dir)
+        model = Qwen3VLForConditionalGeneration.from_pretrained(
+            str(self.ckpt_dir), dtype=self.dtype, local_files_only=True
+        )
+        model.to(self.device).eval()
+        gen = model.generation_config
+        eos = gen.eos_token_id if gen.eos_token_id is not None else renderer.tokenizer.eos_token_id
+        self._eos = set(eos if isinstance(eos, list) else [eos])
+        pad = gen.pad_token_id if gen.pad_token_id is not None else renderer.tokenizer.pad_token_id
+        self._pad_id = int(pad if pad is not None else min(self._eos))
+        self._max_positions = int(model.config.get_text_config().max_position_embeddings)
+        self._renderer, self._model = renderer, model
+
+    async def health(self) -> bool:
+        """True once the model is loaded (and until `close`)."""
+        return self._model is not None
+
+    async def close(self) -> None:
+        """Drop the model (waits for a running batch)."""
+        async with self._lock:
+            self._model = None
+            self._renderer = None
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+                self._executor = None
+
+    async def _in_worker(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` on the engine's torch thread."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{self.name}")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The engine's prompt renderer (after `start`)."""
+        if self._renderer is None:
+            raise EngineDead(f"engine {self.name} is not started")
+        return self._renderer
+
+    # -- weights ------------------------------------------------------------------------------------
+
+    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+        """Load new weights between batches. `spec={"path": file_or_dir}`: a safetensors file, or every
+        `*.safetensors` file of a directory, with the model's own parameter names (all of them)."""
+        if "path" not in spec:
+            raise NotImplementedError(
+                f"engine {self.name}: only {{'path': ...}} weight updates are implemented (got keys "
+                f"{sorted(spec)}); the weight-group broadcast comes with the learner"
+            )
+        async with self._lock:
+            if self._model is None:
+                raise EngineDead(f"engine {self.name} is not started")
+            try:
+                await self._in_worker(self._load_weights, Path(spec["path"]))
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise EngineError(
+                    f"engine {self.name}: weight update failed: {exc}", retryable=False
+                ) from exc
+            self.policy_version = version
+
+    def _load_weights(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+        if not files:
+            raise ValueError(f"no .safetensors files in {path}")
+        state: dict[str, torch.Tensor] = {}
+        for f in files:
+            state.update(load_file(str(f)))
+        model = self._model
+        with torch.no_grad():
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        # A partial or misnamed state dict must not silently leave old weights in place; only a tied
+        # lm_head (Qwen3-VL 2B/4B tie it to the embeddings) may be absent from the file.
+        tied = set(getattr(model, "_tied_weights_keys", None) or {})
+        if not getattr(model.config, "tie_word_embeddings", False):
+            tied = set()
+        missing = [k for k in missing if k not in tied]
+        if missing or unexpected:
+            raise ValueError(
+                f"weights at {path} do not match the model: missing {missing[:5]} ({len(missing)}), "
+                f"unexpected {unexpected[:5]} ({len(unexpected)})"
+            )
+
+    # -- generation ---------------------------------------------------------------------------------
+
+    async def generate(self, batch: list[GenRequest]) -> list[GenResult]:
+        """Complete every request of `batch`, in order (see the module docstring for batching rules)."""
+        async with self._lock:
+            if self._model is None:
+                raise EngineDead(f"engine {self.name} is not started")
+            started = time.monotonic()
+            try:
+                results = await self._in_worker(self._generate_sync, batch)
+            except torch.OutOfMemoryError as exc:
+                raise EngineError(f"engine {self.name}: out of memory: {exc}", retryable=True) from exc
+            return stamp(results, self, started)
+
+    def _generate_sync(self, batch: list[GenRequest]) -> list[GenResult]:
+        results: list[GenResult | None] = [None] * len(batch)
+        groups: dict[tuple, list[_Prepared]] = {}
+        for i, req in enumerate(batch):
+            prepared = self._prepare(i, req)
+            if isinstance(prepared, GenResult):
+                results[i] = prepared
+            else:
+                groups.setdefault(sampling_key(req.sampling), []).append(prepared)
+        for items in groups.values():
+            for lo in range(0, len(items), self.max_batch):
+                chunk = items[lo : lo + self.max_batch]
+                for item, result in zip(chunk, self._run(chunk)):
+                    results[item.index] = result
+        unanswered = [i for i, r in enumerate(results) if r is None]
+        if unanswered:  # cannot happen unless the grouping above is broken; never misalign answers
+            raise EngineError(f"engine {self.name}: no result for requests {unanswered}")
+        return [r for r in results if r is not None]
+
+    def _prepare(self, index: int, req: GenRequest) -> _Prepared | GenResult:
+        try:
+            if req.prompt_ids is not None:
+                prompt = self.renderer.render_ids(list(req.prompt_ids), req.images)
+            else:
+                prompt = self.renderer.render(req.messages, req.images)
+            room = self._max_positions - len(prompt.input_ids)
+            if room <= 0:
+                raise ValueError(
+                    f"prompt of {len(prompt.input_ids)} tokens does not fit the model's "
+                    f"{self._max_positions} positions"
+                )
+        except ValueError as exc:
+            log.warning("engine %s: request %r aborted: %s", self.name, req.request_id, exc)
+            return GenResult(text="", finish_reason="abort", error=str(exc)[:300])
+        return _Prepared(index, prompt, req.sampling, max(0, min(req.sampling.max_new_tokens, room)))
+
+    def _run(self, items: list[_Prepared]) -> list[GenResult]:
+        """One `generate` call for requests that sample alike."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        tokenizer = self.renderer.tokenizer
+        width = max(len(it.prompt.input_ids) for it in items)
+        ids = torch.full((len(items), width), self._pad_id, dtype=torch.long)
+        mask = torch.zeros((len(items), width), dtype=torch.long)
+        types = torch.zeros((len(items), width), dtype=torch.int32)
+        for row, it in enumerate(items):
+            n = len(it.prompt.input_ids)
+            ids[row, width - n :] = torch.tensor(it.prompt.input_ids)
+            mask[row, width - n :] = 1
+            types[row, width - n :] = torch.tensor(it.prompt.mm_token_type_ids, dtype=torch.int32)
+        inputs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types}
+        with_images = [it.prompt for it in items if it.prompt.pixel_values is not None]
+        if with_images:
+            inputs["pixel_values"] = torch.cat([p.pixel_values for p in with_images]).to(self.dtype)
+            inputs["image_grid_thw"] = torch.cat([p.image_grid_thw for p in with_images])
+        inputs = {k: v.to(self.device) for k, v in inputs.items()}
+
+        s = items[0].sampling
+        greedy = s.temperature <= 0
+        config = GenerationConfig(
+            max_new_tokens=max(1, max(it.max_new for it in items)),
+            do_sample=not greedy,
+            temperature=None if greedy else s.temperature,
+            top_p=None if greedy else s.top_p,
+            top_k=None if greedy or s.top_k <= 0 else s.top_k,
+            eos_token_id=sorted(self._eos),
+            pad_token_id=self._pad_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        stop = _RowStop(
+            width, [it.max_new for it in items], [list(it.sampling.stop) for it in items], tokenizer
+        )
+        with torch.random.fork_rng(devices=_rng_devices(self.device)), torch.inference_mode():
+            if not greedy and s.seed is not None:
+                torch.manual_seed(s.seed)  # inside fork_rng: the process RNG is restored afterwards
+            out = self._model.generate(
+                **inputs, generation_config=config, stopping_criteria=StoppingCriteriaList([stop])
+            )
+        generated = out.sequences[:, width:].cpu()
+        # Chosen-token log-probs, one step at a time (stacking every step's logits would double the memory).
+        temperature = 1.0 if greedy else s.temperature
+        logprobs = torch.empty(generated.shape, dtype=torch.float32)
+        for t, step_logits in enumerate(out.logits):
+            lp = torch.log_softmax(step_logits.float() / temperature, dim=-1)
+            logprobs[:, t] = lp.gather(1, generated[:, t : t + 1].to(lp.device)).squeeze(1).cpu()
+        return [
+            self._finish(it, generated[row].tolist(), logprobs[row].tolist()) for row, it in enumerate(items)
+        ]
+
+    def _finish(self, item: _Prepared, tokens: list[int], logprobs: list[float]) -> GenResult:
+        """Cut one row's generated tokens at its end (eos, stop string or limit) and decode its text."""
+        tokenizer = self.renderer.tokenizer
+        limit = item.max_new
+        finish: FinishReason = "length"
+        end = min(limit, len(tokens))
+        for k in range(end):
+            if tokens[k] in self._eos:
+                end, finish = k + 1, "stop"
+                break
+        body = tokens[: end - 1] if finish == "stop" else tokens[:end]
+        text = tokenizer.decode(body, skip_special_tokens=False)
+        if item.sampling.stop and _stop_cut(text, item.sampling.stop) is not None:
+            # Keep the tokens up to the one that completed the stop string (they are what the model drew,
+            # and what training must score); the text ends where the stop string starts, as in SGLang.
+            for k in range(1, len(body) + 1):
+                prefix = tokenizer.decode(body[:k], skip_special_tokens=False)
+                cut = _stop_cut(prefix, item.sampling.stop)
+                if cut is not None:
+                    end, finish, text = k, "stop", prefix[:cut]
+                    break
+        return GenResult(
+            text=text,
+            prompt_ids=list(item.prompt.input_ids),
+            response_ids=tokens[:end],
+            logprobs=logprobs[:end],
+            finish_reason=finish,
+        )
+
+
+def _stop_cut(text: str, stops: list[str]) -> int | None:
+    """Index where the earliest stop string starts in `text`, or None."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def _rng_devices(device: torch.device) -> list[int]:
+    """CUDA devices whose RNG a seeded sub-batch forks (none on CPU)."""
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]

@@ -1,0 +1,273 @@
+"""A tiny random Qwen3-VL checkpoint in Hugging Face format, built offline.
+
+It has the real model class, the real chat-template shape, Qwen's special tokens and the Qwen2-VL image
+processing (patch 16, temporal 2, merge 2), so every code path that serves or trains Qwen3-VL runs on it
+in milliseconds on a CPU. The tokenizer is byte-level with no merges (one token per byte) plus the
+special and added tokens (see the shared NOTES.md, "The stack on a CPU machine").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+"""Control tokens (special: dropped by `skip_special_tokens`)."""
+ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
+"""Single tokens that are part of the text (kept when decoding, as in Qwen's tokenizer)."""
+
+# The shape of Qwen3-VL-Instruct's chat template: system turn (with the tool preamble when tools are
+# given), user/assistant/tool turns, images as <|vision_start|><|image_pad|><|vision_end|> in place.
+CHAT_TEMPLATE = """\
+{%- macro render_content(content) -%}
+{%- if content is string -%}{{- content -}}
+{%- else -%}{%- for item in content -%}
+{%- if item.type == 'image' or 'image' in item or 'image_url' in item -%}
+{%- set image_count.value = image_count.value + 1 -%}
+{%- if add_vision_id -%}Picture {{ image_count.value }}: {% endif -%}
+<|vision_start|><|image_pad|><|vision_end|>
+{%- elif item.type == 'video' or 'video' in item -%}
+{%- set video_count.value = video_count.value + 1 -%}
+{%- if add_vision_id -%}Video {{ video_count.value }}: {% endif -%}
+<|vision_start|><|video_pad|><|vision_end|>
+{%- elif 'text' in item -%}{{- item.text -}}
+{%- endif -%}
+{%- endfor -%}{%- endif -%}
+{%- endmacro -%}
+{%- set image_count = namespace(value=0) -%}
+{%- set video_count = namespace(value=0) -%}
+{%- if tools -%}
+{{- '<|im_start|>system\\n' -}}
+{%- if messages[0].role == 'system' -%}{{- render_content(messages[0].content) + '\\n\\n' -}}{%- endif -%}
+{{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n" -}}
+{{- "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" -}}
+{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
+{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, "
+    "\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" -}}
+{%- elif messages[0].role == 'system' -%}
+{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' -}}
+{%- endif -%}
+{%- for message in messages -%}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) -%}
+{{- '<|im_start|>' + message.role + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}
+{%- elif message.role == 'assistant' -%}
+{{- '<|im_start|>assistant\\n' + render_content(message.content) -}}
+{%- if message.tool_calls -%}{%- for tool_call in message.tool_calls -%}
+{%- if (loop.first and message.content) or (not loop.first) -%}{{- '\\n' -}}{%- endif -%}
+{%- if tool_call.function -%}{%- set tool_call = tool_call.function -%}{%- endif -%}
+{{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' -}}
+{%- if tool_call.arguments is string -%}{{- tool_call.arguments -}}
+{%- else -%}{{- tool_call.arguments | tojson -}}{%- endif -%}
+{{- '}\\n</tool_call>' -}}
+{%- endfor -%}{%- endif -%}
+{{- '<|im_end|>\\n' -}}
+{%- elif message.role == 'tool' -%}
+{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
+{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' -}}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
+"""
+
+
+def build_tokenizer():
+    """The offline Qwen2 tokenizer: 256 byte-level characters, then the special and added tokens."""
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    for token in SPECIAL_TOKENS + ADDED_TOKENS:
+        vocab[token] = len(vocab)
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        # Without these the processor machinery cannot find the image token (NOTES: "Offline tokenizer").
+        extra_special_tokens={
+            "image_token": "<|image_pad|>",
+            "video_token": "<|video_pad|>",
+            "vision_bos_token": "<|vision_start|>",
+            "vision_eos_token": "<|vision_end|>",
+        },
+    )
+    # Registered as added tokens, or "<|im_start|>" would be split into bytes.
+    tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_image_processor(*, min_pixels: int = 32 * 32 * 4, max_pixels: int = 512 * 512):
+    """Qwen2-VL image processing with Qwen3-VL's geometry (patch 16, temporal 2, merge 2, mean/std 0.5).
+
+    The pixel bounds are smaller than the real model's (65536 .. 16777216) so a 1280x800 screenshot
+    stays a few hundred tokens on a CPU."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(
+        patch_size=16,
+        temporal_patch_size=2,
+        merge_size=2,
+        min_pixels=min_pixels,
+        max_pixels=max_pixels,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+
+
+def tiny_config(
+    tokenizer,
+    *,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 4096,
+):
+    """A Qwen3VLConfig at toy scale whose token ids agree with `tokenizer`."""
+    from transformers import Qwen3VLConfig
+
+    head_dim = 32  # mrope_section [6, 5, 5] must sum to head_dim / 2
+    ids = tokenizer.convert_tokens_to_ids
+    text_config = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 3,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": max_positions,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [6, 5, 5],
+            "mrope_interleaved": True,
+        },
+        "pad_token_id": ids("<|endoftext|>"),
+    }
+    vision_config = {
+        "depth": 2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_heads": 2,
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "spatial_merge_size": 2,
+        "out_hidden_size": hidden,
+        "num_position_embeddings": 256,
+        "deepstack_visual_indexes": [0],
+    }
+    return Qwen3VLConfig(
+        text_config=text_config,
+        vision_config=vision_config,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+
+
+def write_tiny_checkpoint(
+    outdir: str | Path,
+    *,
+    seed: int = 0,
+    hidden: int = 128,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    max_positions: int = 4096,
+) -> Path:
+    """Write a random tiny `Qwen3VLForConditionalGeneration` (weights, config, generation config, tokenizer
+    with chat template, image processor) to `outdir`; the same `seed` gives the same weight bytes."""
+    import torch
+    from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
+
+    out = Path(outdir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer()
+    config = tiny_config(
+        tokenizer, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, max_positions=max_positions
+    )
+    # fork_rng: seed the init without touching the caller's global RNG state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
+    im_end, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    # As Qwen's own generation config: both <|im_end|> and <|endoftext|> end a response.
+    model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad, do_sample=False)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    build_image_processor().save_pretrained(out)
+    (out / "guirl_tiny.json").write_text(
+        json.dumps({"seed": seed, "hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads})
+    )
+    return out
+
+
+def count_parameters(ckpt_dir: str | Path) -> int:
+    """Number of parameters stored in a checkpoint's safetensors files (without building the model)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(Path(ckpt_dir).glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                total += _numel(f.get_slice(key).get_shape())
+    return total
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def ensure_tiny_checkpoint(cache_dir: str | Path, *, seed: int = 0) -> Path:
+    """The tiny checkpoint at `cache_dir`, built once: it is written to a temporary sibling directory and
+    moved into place with `os.replace`, so a concurrent caller either finds a complete one or builds its
+    own and loses the rename race harmlessly."""
+    target = Path(cache_dir)
+    if (target / "config.json").exists():
+        return _check_seed(target, seed)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        write_tiny_checkpoint(tmp, seed=seed)
+        tmp.chmod(0o755)  # mkdtemp's 0700 would keep other users (a sandboxed engine) out
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            # Another caller put a complete checkpoint there first (os.replace cannot replace a non-empty
+            # directory); theirs is as good as ours.
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _check_seed(target, seed)
+
+
+def _check_seed(ckpt: Path, seed: int) -> Path:
+    """The cache directory is the cache key: a checkpoint built with another seed there is an error."""
+    meta = ckpt / "guirl_tiny.json"
+    found = json.loads(meta.read_text()).get("seed") if meta.exists() else None
+    if found != seed:
+        raise ValueError(f"{ckpt} holds a checkpoint with seed {found}, not {seed}: use another directory")
+    return ckpt
