@@ -137,7 +137,7 @@ def tiny_config(
     layers: int = 2,
     heads: int = 4,
     kv_heads: int = 2,
-    max_positions: int = 4096,
+    max_positions: int = 32768,
 ):
     """A Qwen3VLConfig at toy scale whose token ids agree with `tokenizer`."""
     from transformers import Qwen3VLConfig
@@ -192,7 +192,7 @@ def write_tiny_checkpoint(
     layers: int = 2,
     heads: int = 4,
     kv_heads: int = 2,
-    max_positions: int = 4096,
+    max_positions: int = 32768,
 ) -> Path:
     """Write a random tiny `Qwen3VLForConditionalGeneration` (weights, config, generation config, tokenizer
     with chat template, image processor) to `outdir`; the same `seed` gives the same weight bytes."""
@@ -216,7 +216,16 @@ def write_tiny_checkpoint(
     tokenizer.save_pretrained(out)
     build_image_processor().save_pretrained(out)
     (out / "guirl_tiny.json").write_text(
-        json.dumps({"seed": seed, "hidden": hidden, "layers": layers, "heads": heads, "kv_heads": kv_heads})
+        json.dumps(
+            {
+                "format": TINY_FORMAT,
+                "seed": seed,
+                "hidden": hidden,
+                "layers": layers,
+                "heads": heads,
+                "kv_heads": kv_heads,
+            }
+        )
     )
     return out
 
@@ -240,11 +249,19 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
+TINY_FORMAT = 2
+"""Bumped whenever the tiny checkpoint's shape changes (2: 32k positions); a cache of another format is
+rebuilt by `ensure_tiny_checkpoint`."""
+
+
 def ensure_tiny_checkpoint(cache_dir: str | Path, *, seed: int = 0) -> Path:
     """The tiny checkpoint at `cache_dir`, built once: it is written to a temporary sibling directory and
     moved into place with `os.replace`, so a concurrent caller either finds a complete one or builds its
     own and loses the rename race harmlessly."""
     target = Path(cache_dir)
+    meta = target / "guirl_tiny.json"
+    if meta.exists() and json.loads(meta.read_text()).get("format") != TINY_FORMAT:
+        shutil.rmtree(target)  # built by an older guirl: stale
     if (target / "config.json").exists():
         return _check_seed(target, seed)
     target.parent.mkdir(parents=True, exist_ok=True)

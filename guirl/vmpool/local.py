@@ -213,7 +213,7 @@ class LocalProvider:
     async def _start(self, vm: LocalVM) -> None:
         vm.socket.unlink(missing_ok=True)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(vm.socket))
+        listener.bind(str(self._socket_path(vm)))  # a deep VM directory is bound through its short link
         listener.listen(128)
         command = [
             sys.executable,

@@ -182,3 +182,23 @@ def test_nothing_inside_can_redirect_the_host_or_loop_a_listing(tmp_path):
             assert len(links) == 3 and all("children" not in c for c in links)
 
     run(main())
+
+
+def test_a_vm_under_a_deep_directory_is_reachable(tmp_path):
+    """An AF_UNIX path holds 108 bytes: a VM whose directory is deeper is bound and reached through a
+    short link (which goes with the VM)."""
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 4)
+
+    async def scenario():
+        provider = LocalProvider(deep, width=W, height=H)
+        vm = await provider.create("test")
+        assert len(str(provider.vms[vm].socket)) > 108
+        link = Path(provider.address(vm).removeprefix("unix://")).parent
+        try:
+            async with VMClient(provider.address(vm), timeout_s=30) as client:
+                assert await client.health()
+        finally:
+            await provider.delete(vm)
+        assert not link.is_symlink()
+
+    run(scenario())

@@ -1,0 +1,129 @@
+"""`guirl eval` end to end: real actor processes, real local desktops, real evaluators.
+
+- the scripted backend playing the reference solutions scores 100 % on tasks/local/test.json, even with a
+  VM killed mid-episode (that episode is retried elsewhere and counted as an environment error);
+- OSWorld's pyautogui action space (programs composed from typed actions, run through `/execute`);
+- the tiny Qwen3-VL through the hf backend runs every task to an end state;
+- bad configuration and bad task lists fail fast with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guirl.config.schema import ENV_VARS
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
+CONFIG = str(ROOT / "configs" / "local_eval.toml")
+FAST = ["--set", "runtime.heartbeat_interval_s=0.25", "--set", "logging.level=WARNING"]
+
+
+def _env() -> dict[str, str]:
+    # the seed's variables of whoever runs the tests must not leak into the runs
+    return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+
+
+def _eval(tmp_path: Path, *args: str, timeout: float = 400) -> tuple[subprocess.CompletedProcess, dict]:
+    cmd = [*GUIRL, "eval", "--config", CONFIG, "--set", f"run.root_dir={tmp_path}", *FAST, *args]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+    found = list(tmp_path.glob("*/summary.json"))
+    summary = json.loads(found[0].read_text()) if len(found) == 1 else {}
+    return out, summary
+
+
+def _episodes(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(run_dir.glob("episodes/*/*/result.json"))]
+
+
+def test_scripted_reference_solutions_score_100_even_with_a_vm_killed(tmp_path):
+    out, summary = _eval(
+        tmp_path, "--backend", "scripted", "--max-steps", "15", "--set", "eval.fault_kill_vm_at_step=1"
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert summary["tasks"] == 6 and summary["accuracy"] == 1.0, summary
+    assert set(summary["domains"]) == {"terminal", "text_editor", "spreadsheet", "all"}
+    # the killed VM's episode: an environment error, retried once, never a policy failure
+    assert summary["env_errors"] == 1 and summary["aborted"] == 0 and summary["episodes"] == 7
+    retried = [r for r in summary["results"] if r["attempts"] == 2]
+    assert len(retried) == 1 and retried[0]["score"] == 1.0 and len(retried[0]["env_errors"]) == 1
+    assert summary["outcomes"] == {"done": 5, "fail": 1}  # the infeasible task is solved by FAIL, not by time
+    # the progress display and the result table
+    assert "[eval] 6/6 tasks" in out.stdout and "accuracy" in out.stdout and "100.0%" in out.stdout
+    run_dir = Path(summary["run_dir"])
+    episodes = _episodes(run_dir)
+    assert len(episodes) == 7
+    assert sorted(e["status"] for e in episodes) == ["completed"] * 6 + ["retried"]
+    broken = next(e for e in episodes if e["status"] == "retried")
+    assert broken["outcome"] == "env_error" and broken["score"] is None and "VM" in broken["env_error"]
+    done = next(e for e in episodes if e["task_id"] == "terminal-echo-hello" and e["status"] == "completed")
+    ep_dir = run_dir / "episodes" / "terminal-echo-hello" / done["episode_id"]
+    lines = [json.loads(x) for x in (ep_dir / "traj.jsonl").read_text().splitlines()]
+    assert len(lines) == done["steps"] and lines[-1]["actions"] == [{"type": "done"}]
+    for line in lines:
+        assert (ep_dir / line["screenshot"]).read_bytes().startswith(b"\x89PNG")
+        assert line["prompt"][0]["role"] == "system" and "timing" in line and line["response"]
+    assert (ep_dir / "final.png").exists()
+    assert (run_dir / "config.toml").exists() or any(run_dir.glob("config*"))
+
+
+def test_pyautogui_action_space(tmp_path):
+    out, summary = _eval(
+        tmp_path,
+        "--backend",
+        "scripted",
+        "--max-steps",
+        "15",
+        "--domain",
+        "terminal",
+        "--set",
+        "env.action_space=pyautogui",
+        "--set",
+        "eval.vms_per_worker=1",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert summary["tasks"] == 3 and summary["accuracy"] == 1.0 and summary["env_errors"] == 0, summary
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from guirl.model.tiny import ensure_tiny_checkpoint
+
+    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+def test_tiny_model_runs_every_task_to_an_end_state(tmp_path, tiny_ckpt):
+    out, summary = _eval(tmp_path, "--ckpt", tiny_ckpt, "--max-steps", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert summary["tasks"] == 6 and summary["aborted"] == 0 and summary["env_errors"] == 0, summary
+    assert all(r["status"] == "completed" and r["score"] is not None for r in summary["results"])
+    assert summary["accuracy"] is not None and 0.0 <= summary["accuracy"] <= 1.0
+    # a random model's text is a policy failure when it does not parse, never an environment error
+    assert set(summary["outcomes"]) <= {"parse_error", "truncated", "done", "fail"}
+    for ep in _episodes(Path(summary["run_dir"])):
+        traj = Path(summary["run_dir"]) / "episodes" / ep["task_id"] / ep["episode_id"] / "traj.jsonl"
+        first = json.loads(traj.read_text().splitlines()[0])
+        assert first["engine"] == "hf0" and first["policy_version"] == -1
+        assert first["prompt_tokens"] > 0 and 0 < first["response_tokens"] <= 48
+
+
+def test_bad_inputs_fail_fast_with_a_clear_message(tmp_path):
+    out, _ = _eval(tmp_path, "--ckpt", "")
+    assert out.returncode == 2 and "no policy checkpoint" in out.stderr
+    out, _ = _eval(tmp_path, "--ckpt", str(tmp_path))
+    assert out.returncode == 2 and "not a checkpoint directory" in out.stderr
+    bad = tmp_path / "list.json"
+    bad.write_text('{"terminal": ["../../secret"]}')
+    out, _ = _eval(tmp_path, "--backend", "scripted", "--tasks", str(bad))
+    assert out.returncode == 2 and "plain file name" in out.stderr
+    out, _ = _eval(tmp_path, "--backend", "scripted", "--domain", "nope")
+    assert out.returncode == 2 and "no domain" in out.stderr
+    out, _ = _eval(tmp_path, "--backend", "scripted", "--set", "eval.workers=0")
+    assert out.returncode == 2 and "eval.workers" in out.stderr
+    assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # nothing started, no run directory left
