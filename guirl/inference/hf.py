@@ -2,7 +2,7 @@
 
 One engine is one model on one device; `generate` calls run one at a time (a lock), each in a worker
 thread so the event loop keeps serving. A batch is cut into sub-batches of requests that sample
-alike (greedy, or the same temperature / top-p / top-k / seed), because `generate` takes one set of
+alike (greedy, or the same temperature / top-p / top-k), because `generate` takes one set of
 sampling settings; each sub-batch is left-padded and run as one `generate` call. Per-request
 `max_new_tokens` and stop strings are honoured inside a sub-batch by a per-row stopping criterion.
 
@@ -56,8 +56,21 @@ class _Prepared:
 def sampling_key(s: SamplingParams) -> tuple:
     """Requests with equal keys can share one `generate` call (greedy ignores the other settings)."""
     if s.temperature <= 0:
-        return ("greedy",)
-    return ("sample", s.temperature, s.top_p, s.top_k if s.top_k > 0 else 0, s.seed)
+        return ("greedy", s.ignore_eos)
+    # Not the seed: env workers seed every step differently, and a key with the seed would never batch.
+    # A seeded sub-batch draws from one generator seeded by all its rows' seeds (see `_seed_of`), so a
+    # request's sample repeats when its batch does, as with any batched sampler.
+    return ("sample", s.temperature, s.top_p, s.top_k if s.top_k > 0 else 0, s.ignore_eos)
+
+
+def _seed_of(seeds: list[int | None]) -> int | None:
+    """One generator seed for a sub-batch from its rows' seeds (None when no row has one)."""
+    if all(x is None for x in seeds):
+        return None
+    h = 0
+    for x in seeds:
+        h = (h * 1_000_003 + (0 if x is None else x + 1)) % (2**63 - 1)
+    return h
 
 
 class _RowStop:
@@ -103,6 +116,7 @@ class HFEngine:
         self.max_batch = max(1, max_batch)
         self.threads = threads
         self.policy_version = -1
+        self.generate_calls = 0  # `generate` calls made (sub-batches): how well requests batch
         self._model: Any = None
         self._renderer: ChatRenderer | None = None
         self._lock = asyncio.Lock()  # one generate / weight update at a time: the model is not reentrant
@@ -290,8 +304,10 @@ class HFEngine:
 
         s = items[0].sampling
         greedy = s.temperature <= 0
+        longest = max(1, max(it.max_new for it in items))
         config = GenerationConfig(
-            max_new_tokens=max(1, max(it.max_new for it in items)),
+            max_new_tokens=longest,
+            min_new_tokens=longest if s.ignore_eos else None,  # eos suppressed: every row runs to its limit
             do_sample=not greedy,
             temperature=None if greedy else s.temperature,
             top_p=None if greedy else s.top_p,
@@ -305,8 +321,10 @@ class HFEngine:
             width, [it.max_new for it in items], [list(it.sampling.stop) for it in items], tokenizer
         )
         with torch.random.fork_rng(devices=_rng_devices(self.device)), torch.inference_mode():
-            if not greedy and s.seed is not None:
-                torch.manual_seed(s.seed)  # inside fork_rng: the process RNG is restored afterwards
+            seed = _seed_of([it.sampling.seed for it in items])
+            if not greedy and seed is not None:
+                torch.manual_seed(seed)  # inside fork_rng: the process RNG is restored afterwards
+            self.generate_calls += 1
             out = self._model.generate(
                 **inputs, generation_config=config, stopping_criteria=StoppingCriteriaList([stop])
             )

@@ -88,6 +88,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     max_new_tokens: int = 512
     seed: int | None = None
     stop: list[str] = []
+    ignore_eos: bool = False
+    """Generate `max_new_tokens` whatever the model says (benchmarks, as SGLang's `ignore_eos`)."""
 
 
 class TextPart(msgspec.Struct, frozen=True, tag="text"):

@@ -2,8 +2,9 @@
 
 It has the real model class, the real chat-template shape, Qwen's special tokens and the Qwen2-VL image
 processing (patch 16, temporal 2, merge 2), so every code path that serves or trains Qwen3-VL runs on it
-in milliseconds on a CPU. The tokenizer is byte-level with no merges (one token per byte) plus the
-special and added tokens (see the shared NOTES.md, "The stack on a CPU machine").
+in milliseconds on a CPU. The tokenizer is byte-level BPE, its merges learnt at build time from the
+computer-use system prompts (so a prompt costs about as many tokens as with Qwen's real tokenizer, not
+one per byte), plus Qwen's special and added tokens.
 """
 
 from __future__ import annotations
@@ -83,18 +84,38 @@ CHAT_TEMPLATE = """\
 """
 
 
+def _learn_merges(vocab_size: int = 1024) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """Byte-level BPE vocabulary and merges learnt from the agent's system prompts (deterministic: the
+    same guirl gives the same tokenizer). Without merges a ~4 KB system prompt costs ~4 k tokens, and
+    prefill would swamp everything a benchmark or a test measures."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from guirl.agent.prompt import system_prompt
+
+    corpus = [system_prompt(1000, 1000, "relative"), system_prompt(1280, 800, "absolute")]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    bpe.train_from_iterator(corpus, trainer)
+    model = json.loads(bpe.to_str())["model"]
+    merges = [tuple(m) if isinstance(m, list) else tuple(m.split(" ")) for m in model["merges"]]
+    return dict(model["vocab"]), merges
+
+
 def build_tokenizer():
-    """The offline Qwen2 tokenizer: 256 byte-level characters, then the special and added tokens."""
+    """The offline Qwen2 tokenizer: byte-level BPE (see `_learn_merges`), then the special and added
+    tokens."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    vocab, merges = _learn_merges()
     for token in SPECIAL_TOKENS + ADDED_TOKENS:
         vocab[token] = len(vocab)
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
-        merges=[],
+        merges=merges,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         # Without these the processor machinery cannot find the image token (NOTES: "Offline tokenizer").
@@ -249,9 +270,9 @@ def _numel(shape: list[int]) -> int:
     return n
 
 
-TINY_FORMAT = 2
-"""Bumped whenever the tiny checkpoint's shape changes (2: 32k positions); a cache of another format is
-rebuilt by `ensure_tiny_checkpoint`."""
+TINY_FORMAT = 3
+"""Bumped whenever the tiny checkpoint changes shape (2: 32k positions, 3: BPE merges); a cache of another
+format is rebuilt by `ensure_tiny_checkpoint`."""
 
 
 def ensure_tiny_checkpoint(cache_dir: str | Path, *, seed: int = 0) -> Path:
