@@ -26,14 +26,16 @@ setup: $(VENV)/.stamp-runtime
 
 setup-test: $(VENV)/.stamp-test
 
+# evaluation-only mode on the local task suite with the tiny model (the transport demo: `guirl demo`)
 demo: setup
-	$(VENV)/bin/guirl demo $(ARGS)
+	$(VENV)/bin/guirl eval --config configs/local_eval.toml $(ARGS)
 
 test: setup-test
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: setup-test
 	$(PY) bench/transport.py
+	$(PY) bench/broker.py
 
 lint: setup-test
 	$(VENV)/bin/ruff check guirl bench tests

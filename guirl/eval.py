@@ -144,6 +144,10 @@ async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: T
 async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
     """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary."""
     e = cfg.eval
+    if cfg.env.provider != "local":
+        raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
+    if cfg.inference.backend == "sglang":
+        raise InputError('inference.backend="sglang" is not built yet: use "hf" or "openai"')
     tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
     ckpt = resolve_checkpoint(cfg)
     run_dir = run_dir or make_run_dir(cfg)
@@ -228,7 +232,16 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     }
     _write_json(run_dir / "summary.json", summary)
     print(table, file=out)
-    print(f"[eval] summary: {run_dir / 'summary.json'} ({elapsed:.1f} s)", file=out)
+    outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary["outcomes"].items())) or "none"
+    print(
+        f"[eval] {summary['episodes']} episodes, {summary['steps']} steps · outcomes: {outcomes} · "
+        f"environment errors {summary['env_errors']} (retried, never scored)",
+        file=out,
+    )
+    print(
+        f"[eval] summary: {run_dir / 'summary.json'} · episodes: {run_dir / 'episodes'} ({elapsed:.1f} s)",
+        file=out,
+    )
     return summary
 
 
