@@ -79,15 +79,20 @@ class Tensor(msgspec.Struct, frozen=True, kw_only=True):
         return memoryview(self.data.data).cast("B").cast(_FORMAT[self.dtype]).tolist()
 
 
-class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
-    """Decoding settings of one policy request."""
+MAX_NEW_TOKENS = 65536
+"""Most tokens one response may ask for (an engine also stops at its model's context)."""
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 512
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """Decoding settings of one policy request (bounds checked on decode: a peer cannot ask for NaN
+    temperatures or a billion tokens)."""
+
+    temperature: Annotated[float, Meta(ge=0, le=100)] = 1.0
+    top_p: Annotated[float, Meta(gt=0, le=1)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1)] = -1
+    max_new_tokens: Annotated[int, Meta(ge=1, le=MAX_NEW_TOKENS)] = 512
     seed: int | None = None
-    stop: list[str] = []
+    stop: Annotated[list[Annotated[str, Meta(min_length=1, max_length=256)]], Meta(max_length=16)] = []
     ignore_eos: bool = False
     """Generate `max_new_tokens` whatever the model says (benchmarks, as SGLang's `ignore_eos`)."""
 
