@@ -8,7 +8,11 @@ token ids, behaviour log-probs and the policy version that produced them.
 
 Engines are health-checked on a period. A batch that fails on an engine that died (or errs in a way
 another engine may not) is put back at the head of the queue and tried elsewhere, up to `max_attempts`
-engines per request; a request the engine rejects as bad fails alone, with a non-retryable error.
+engines per request; a request the engine rejects as bad fails alone, with a non-retryable error (a
+batch rejected as bad is served again one request at a time, so its other requests are answered). A
+batch that takes longer than `request_timeout_s` (nobody waits for it any more) counts as the engine
+failing. Queued and in-flight requests are bounded in bytes as well as in number (`runtime.inbox_max_bytes`,
+the bound a mailbox holds its inbox to), and hold their images once (not also the received frames).
 Weight updates (`WeightsPublished`) are applied to each engine between its batches.
 """
 
@@ -45,11 +49,14 @@ HEALTH_TIMEOUT_S = 10.0
 
 @dataclass
 class _Pending:
-    """A request waiting for (or being served by) an engine."""
+    """A request waiting for (or being served by) an engine. It keeps the sender's address, not the
+    received `Request`, whose frames would keep a second copy of the images alive."""
 
-    req: Request
+    peer: list[bytes]
+    msg_id: str
     gen: GenRequest
     enqueued: float
+    nbytes: int = 0
     attempts: int = 0
     tried: set[str] = field(default_factory=set)
 
@@ -190,6 +197,7 @@ class InferenceBroker(Actor):
         self._engine_args = {"ckpt": ckpt, "screen": tuple(screen), "coordinates": coordinates}
         self.model = model
         self.models: dict[str, _ModelQueue] = {}
+        self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -253,6 +261,11 @@ class InferenceBroker(Actor):
             return ErrorReply(
                 code="overloaded", message=f"{len(queue.queue)} requests queued", retryable=True
             )
+        if self.pending_bytes + req.nbytes > self.runtime.inbox_max_bytes:
+            self.counters["requests.overloaded"] += 1
+            return ErrorReply(
+                code="overloaded", message=f"{self.pending_bytes} bytes of requests pending", retryable=True
+            )
         gen = GenRequest(
             messages=list(msg.messages),
             images=[bytes(img.data.data) for img in msg.images],
@@ -263,7 +276,8 @@ class InferenceBroker(Actor):
             task_id=msg.task_id,
             step=msg.step,
         )
-        queue.queue.append(_Pending(req, gen, time.monotonic()))
+        queue.queue.append(_Pending(req.peer, req.header.msg_id, gen, time.monotonic(), req.nbytes))
+        self.pending_bytes += req.nbytes
         self.counters["requests"] += 1
         queue.changed.set()
         return None  # answered by the batch that serves it
@@ -300,28 +314,55 @@ class InferenceBroker(Actor):
             task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending]) -> None:
-        engine = slot.engine
-        started = time.monotonic()
         try:
-            async with slot.lock:
-                results = await engine.generate([p.gen for p in batch])
-            if len(results) != len(batch):
-                raise EngineError(f"engine returned {len(results)} results for {len(batch)} requests")
-        except Exception as exc:
-            self._batch_failed(queue, slot, batch, exc)
-        else:
-            slot.failures = 0
-            self.counters["batches"] += 1
-            self.counters["batched_requests"] += len(batch)
-            for p, result in zip(batch, results, strict=True):
-                self.counters[f"finish.{result.finish_reason}"] += 1
-                waited = started - p.enqueued
-                await self.reply(p.req, _response(result, waited))
+            await self._generate(queue, slot, batch)
         finally:
             slot.busy = False
             slot.inflight -= len(batch)
             slot.served += len(batch)
             queue.changed.set()
+
+    async def _generate(self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending]) -> None:
+        """One `generate` call on `slot` for `batch`, and the answers (or the failure) it leads to."""
+        engine = slot.engine
+        started = time.monotonic()
+        try:
+            async with slot.lock:
+                # Past the request timeout nobody waits for this batch: an engine that hangs (its health
+                # probe may still say yes) must fail it, or its requests are never answered.
+                try:
+                    async with asyncio.timeout(self.cfg.request_timeout_s):
+                        results = await engine.generate([p.gen for p in batch])
+                except TimeoutError:
+                    raise EngineError(
+                        f"no results within {self.cfg.request_timeout_s:g} s", retryable=True
+                    ) from None
+            if len(results) != len(batch):
+                raise EngineError(f"engine returned {len(results)} results for {len(batch)} requests")
+        except Exception as exc:
+            if len(batch) > 1 and not getattr(exc, "retryable", True):
+                # The engine rejected the batch for a bad request: serve each alone, so only the bad one
+                # fails (its batch-mates would otherwise end their episodes as environment errors).
+                self.counters["batches.split"] += 1
+                for i, p in enumerate(batch):
+                    if not slot.healthy:  # it died meanwhile: the rest go back to the queue's head
+                        queue.queue.extendleft(reversed(batch[i:]))
+                        break
+                    await self._generate(queue, slot, [p])
+                return
+            self._batch_failed(queue, slot, batch, exc)
+            return
+        slot.failures = 0
+        self.counters["batches"] += 1
+        self.counters["batched_requests"] += len(batch)
+        for p, result in zip(batch, results, strict=True):
+            self.counters[f"finish.{result.finish_reason}"] += 1
+            self._answer(p, _response(result, started - p.enqueued))
+
+    def _answer(self, p: _Pending, msg: Message) -> None:
+        """Send a request its one answer and stop counting its bytes."""
+        self.pending_bytes -= p.nbytes
+        self.mailbox.send(p.peer, msg, reply_to=p.msg_id)
 
     def _batch_failed(
         self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending], exc: Exception
@@ -347,7 +388,7 @@ class InferenceBroker(Actor):
                     message=f"engine {name}: {str(exc)[:300]}",
                     retryable=retryable,
                 )
-                self.mailbox.send(p.req.peer, err, reply_to=p.req.header.msg_id)
+                self._answer(p, err)
         self.counters["requests.retried"] += len(requeue)
         queue.queue.extendleft(reversed(requeue))  # keep their order, ahead of newer requests
 
@@ -370,7 +411,7 @@ class InferenceBroker(Actor):
                 while queue.queue:
                     p = queue.queue.popleft()
                     err = ErrorReply(code="overloaded", message="no healthy engine", retryable=True)
-                    self.mailbox.send(p.req.peer, err, reply_to=p.req.header.msg_id)
+                    self._answer(p, err)
                     self.counters["requests.failed"] += 1
             queue.changed.set()
 

@@ -32,7 +32,7 @@ from guirl.actors.base import Actor
 from guirl.actors.errors import ActorError
 from guirl.actors.retry import backoff_delays, retry_idempotent
 from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
-from guirl.agent.parse import ParseError, parse_response
+from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
 from guirl.config.schema import AgentConfig, EnvConfig
 from guirl.messages import Blob, CoordinatorChannel, PolicyChannel
@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 
 POLICY_ATTEMPTS = 8
 """Tries of one policy request (overloaded broker, broker restarting) before the episode is an env error."""
+EXECUTE_TIMEOUT_S = MAX_WAIT_S + 30.0
+"""How long one composed pyautogui program may run: the longest `wait` the parser allows, plus the
+interpreter's start-up and the action itself (a policy's long wait must not time out as a VM fault)."""
 
 
 class EnvFault(Exception):
@@ -109,6 +112,8 @@ class EnvWorker(Actor):
         setup_timeout_s: float = 300.0,
         policy_timeout_s: float = 600.0,
         fault_kill_vm_at_step: int = -1,
+        lease_ttl_s: float = 120.0,
+        pool_health_interval_s: float = 2.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -121,6 +126,8 @@ class EnvWorker(Actor):
         self.setup_timeout_s = setup_timeout_s
         self.policy_timeout_s = policy_timeout_s
         self.fault_step = fault_kill_vm_at_step
+        self.lease_ttl_s = lease_ttl_s
+        self.pool_health_interval_s = pool_health_interval_s
         self.pool: VMPool | None = None
         self.provider: Any = None
         self.screen = (self.env.screen_width, self.env.screen_height)
@@ -142,7 +149,8 @@ class EnvWorker(Actor):
             tag=self.name,
             max_envs=self.slots,
             prewarm=min(self.slots, self.env.prewarm_envs),
-            health_interval_s=2.0,
+            lease_ttl_s=self.lease_ttl_s,
+            health_interval_s=self.pool_health_interval_s,
         )
         await self.pool.start()
 
@@ -248,6 +256,9 @@ class EnvWorker(Actor):
         except TaskError as exc:
             raise EnvFault(f"the task does not parse: {exc}") from None
         lease = await self.pool.acquire(timeout=self.setup_timeout_s)
+        # The lease must be beaten while the episode holds it, through every long wait (setup, a policy
+        # request, the evaluator): an expired lease is taken back, reset and lent to another episode.
+        keepalive = asyncio.create_task(self._keep_lease(lease), name=f"lease:{lease.lease_id}")
         try:
             async with VMClient(lease.address, timeout_s=120) as client:
                 ctx = TaskContext(
@@ -267,7 +278,17 @@ class EnvWorker(Actor):
                         raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
                     episode.score = float(await evaluate(task, client, ctx))
         finally:
+            keepalive.cancel()
             await self.pool.release(lease.lease_id)
+
+    async def _keep_lease(self, lease: Any) -> None:
+        """Heartbeat `lease` well inside its TTL until the episode lets it go (or it breaks)."""
+        while not lease.broken:
+            try:
+                self.pool.heartbeat(lease.lease_id)
+            except PoolError:  # taken back (the VM died): the episode sees `lease.broken`
+                return
+            await asyncio.sleep(self.lease_ttl_s / 4)
 
     async def _steps(
         self, episode: _Episode, instruction: str, client: VMClient, ctx: TaskContext, lease: Any
@@ -293,6 +314,8 @@ class EnvWorker(Actor):
                     raise EnvFault(f"the prompt does not fit the token budget: {exc}") from None
                 response = await self._ask(ep, step, prompt)
                 t1 = time.monotonic()
+                if lease.broken:  # never act on a VM that was taken back while the policy thought
+                    raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
                 episode.versions.add(response.policy_version)
                 record: dict[str, Any] = {
                     "step": step,
@@ -353,7 +376,7 @@ class EnvWorker(Actor):
             last = i == len(actions) - 1 and not self.agent.sleep_after_action_s
             if self.env.action_space == "pyautogui":  # OSWorld's /execute, with a program we composed
                 program = "import pyautogui, time; pyautogui.FAILSAFE = False; " + to_pyautogui(action)
-                out = await client.execute(["python", "-c", program], timeout_s=60)
+                out = await client.execute(["python", "-c", program], timeout_s=EXECUTE_TIMEOUT_S)
                 if out.get("returncode", 0) != 0:
                     refused.append(str(out.get("error") or out.get("output") or "failed")[:300])
                 shot = None

@@ -50,7 +50,11 @@ MAX_SCROLL = 100
 MAX_WAIT_S = 60.0
 _EXCERPT = 200
 _OPEN, _CLOSE, _THINK_END = "<tool_call>", "</tool_call>", "</think>"
-_ACTION_LINE = re.compile(r"^[\s*#>-]*action[\s*]*:[\s*]*(.*?)\s*$", re.IGNORECASE | re.MULTILINE)
+# The `Action:` summary, found line by line in linear time: one MULTILINE regex over the whole response
+# (`^[\s*#>-]*action[\s*]*:[\s*]*(.*?)\s*$`) backtracks quadratically on runs of blank or dashed lines,
+# and a degenerate response of 64 KB of them blocked the worker's event loop for seconds.
+_ACTION_HEAD = re.compile(r"[\s*#>-]*action[\s*]*:", re.IGNORECASE)
+_SKIP_GAP = re.compile(r"[\s*]*")
 _DECODER = json.JSONDecoder()
 _END = object()
 _KEY_ALIASES = {
@@ -148,8 +152,8 @@ def parse_response(
         raise ParseError("empty", "the response is empty")
     first = body.find(_OPEN)
     calls_iter = _tool_call_blocks(body, first) if first != -1 else _json_lines(body)
-    match = _ACTION_LINE.search(body, 0, first if first != -1 else len(body))
-    parsed = ParsedResponse(action_line=match.group(1) if match else "", actions=[], calls=[])
+    action_line = _action_line(body[: first if first != -1 else len(body)])
+    parsed = ParsedResponse(action_line=action_line, actions=[], calls=[])
     while True:
         # Check before decoding the next call, so a broken call past the limit is dropped, not an error.
         if len(parsed.actions) >= max_calls or (parsed.actions and isinstance(parsed.actions[-1], TERMINAL)):
@@ -164,6 +168,20 @@ def parse_response(
     if not parsed.actions:
         raise ParseError("no_tool_call", "no computer_use tool call found", body)
     return parsed
+
+
+def _action_line(text: str) -> str:
+    """The summary after the first line that starts with `Action:` (markdown decoration allowed); an empty
+    summary continues on the next non-blank line, as "Action:\nClick OK" is written. "" when none."""
+    pos = 0
+    for line in text.split("\n"):
+        head = _ACTION_HEAD.match(line)
+        if head is not None:
+            start = _SKIP_GAP.match(text, pos + head.end()).end()
+            end = text.find("\n", start)
+            return text[start : end if end != -1 else len(text)].rstrip()
+        pos += len(line) + 1
+    return ""
 
 
 def _strip_think(text: str) -> str:

@@ -28,6 +28,10 @@ IMAGE_OVERHEAD_TOKENS = 2
 """`<|vision_start|>` and `<|vision_end|>` around each image's pad tokens."""
 NO_ACTION_LINE = "Execute action"
 """What the history says for a step whose response had no `Action:` line (the seed's wording)."""
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+"""Special-token text a past response may hold (engines decode responses with special tokens kept) but a
+prompt must not: the chat template parses it as the token, and a stray `<|image_pad|>` no longer matches
+the images, so the engine aborts the request (an environment error for what the policy wrote)."""
 
 
 class PromptTooLong(ValueError):
@@ -211,6 +215,13 @@ def _summary(action_line: str) -> str:
     return line or NO_ACTION_LINE
 
 
+def past_response(text: str) -> str:
+    """A past response as the history shows it: verbatim, less the vision tokens (`VISION_TOKENS`)."""
+    for token in VISION_TOKENS:
+        text = text.replace(token, "")
+    return text
+
+
 def _byte_len(text: str) -> int:
     # Each byte-level BPE token covers at least one byte, so this never underestimates.
     return len(text.encode("utf-8", "surrogatepass"))
@@ -255,7 +266,11 @@ def build_prompt(
     base = count(system) + count(user_text) + img_cost(current_size) + 2 * MESSAGE_OVERHEAD_TOKENS
     shown = history[max(0, len(history) - cfg.history_images) :] if cfg.history_images > 0 else []
     turns = [(step, _target_size(step.screenshot, cfg)) for step in shown]
-    costs = [img_cost(size) + count(step.response) + 2 * MESSAGE_OVERHEAD_TOKENS for step, size in turns]
+    responses = [past_response(step.response) for step, _ in turns]
+    costs = [
+        img_cost(size) + count(text) + 2 * MESSAGE_OVERHEAD_TOKENS
+        for (_, size), text in zip(turns, responses)
+    ]
     est, dropped = base + sum(costs), 0
     while est > cfg.max_prompt_tokens and dropped < len(turns):
         est -= costs[dropped]  # the step stays in "Previous actions" as its action line
@@ -266,9 +281,9 @@ def build_prompt(
     messages = [ChatMessage(role="system", parts=[TextPart(system)])]
     images: list[bytes] = []
     sizes: list[tuple[int, int]] = []
-    for step, size in turns[dropped:]:
+    for (step, size), text in zip(turns[dropped:], responses[dropped:]):
         messages.append(ChatMessage(role="user", parts=[ImagePart(len(images))]))
-        messages.append(ChatMessage(role="assistant", parts=[TextPart(step.response)]))
+        messages.append(ChatMessage(role="assistant", parts=[TextPart(text)]))
         images.append(_step_image(step, size))
         sizes.append(size)
     messages.append(ChatMessage(role="user", parts=[ImagePart(len(images)), TextPart(user_text)]))

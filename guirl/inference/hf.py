@@ -127,6 +127,7 @@ class HFEngine:
         self._eos: set[int] = set()
         self._pad_id = 0
         self._max_positions = 0
+        self._vocab = 0  # rows of the input embedding: a token id outside [0, vocab) is refused
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class HFEngine:
         pad = gen.pad_token_id if gen.pad_token_id is not None else renderer.tokenizer.pad_token_id
         self._pad_id = int(pad if pad is not None else min(self._eos))
         self._max_positions = int(model.config.get_text_config().max_position_embeddings)
+        self._vocab = int(model.get_input_embeddings().num_embeddings)
         self._renderer, self._model = renderer, model
 
     async def health(self) -> bool:
@@ -267,6 +269,15 @@ class HFEngine:
     def _prepare(self, index: int, req: GenRequest) -> _Prepared | GenResult:
         try:
             if req.prompt_ids is not None:
+                # Checked here, or one request's unknown id fails the embedding lookup of its whole batch
+                # (and the broker takes the engine for dead).
+                bad = next(
+                    (t for t in req.prompt_ids if type(t) is not int or not 0 <= t < self._vocab), None
+                )
+                if bad is not None:
+                    raise ValueError(
+                        f"prompt_ids hold {bad!r}, not a token id of this model (0..{self._vocab - 1})"
+                    )
                 prompt = self.renderer.render_ids(list(req.prompt_ids), req.images)
             else:
                 prompt = self.renderer.render(req.messages, req.images)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 
 from guirl.actors.broker import InferenceBroker
@@ -12,8 +13,15 @@ from guirl.actors.errors import RemoteError
 from guirl.config.schema import InferenceConfig
 from guirl.inference.openai import OpenAIEngine
 from guirl.inference.scripted import ScriptedEngine
-from guirl.messages import PolicyChannel
-from guirl.messages.types import ChatMessage, PolicyRequest, PolicyResponse, TextPart, WeightsPublished
+from guirl.messages import Blob, PolicyChannel
+from guirl.messages.types import (
+    ChatMessage,
+    Image,
+    PolicyRequest,
+    PolicyResponse,
+    TextPart,
+    WeightsPublished,
+)
 from guirl.testing.fakes import FakeOpenAIServer
 from tests.helpers import client_actor, fast_config, run
 
@@ -154,3 +162,65 @@ def test_routes_around_a_dead_engine():
             return await _with_broker(cfg, engines, body, max_batch=2, max_wait_ms=0.0)
 
     assert run(scenario())
+
+
+def test_a_bad_request_does_not_fail_its_batch_mates(script_dir):
+    """The scripted engine rejects a whole batch for one request without a script (not retryable): the
+    broker serves that batch again one request at a time, so only the bad request fails."""
+    cfg = fast_config()
+    engine = ScriptedEngine("s0", str(script_dir), screen=(1000, 1000), latency_s=0.05, max_batch=8)
+
+    async def body(broker, conn):
+        requests = [_request(0), _request(1, task="no-such-task"), _request(2), _request(3)]
+        results = await asyncio.gather(*(conn.request(r) for r in requests), return_exceptions=True)
+        assert isinstance(results[1], RemoteError) and not results[1].transient
+        assert all(isinstance(results[i], PolicyResponse) for i in (0, 2, 3)), results
+        assert broker.counters["batches.split"] >= 1
+
+    run(_with_broker(cfg, [engine], body, max_wait_ms=200.0))
+
+
+def test_an_engine_that_hangs_fails_its_batch_after_the_request_timeout(script_dir):
+    """A batch still running after `request_timeout_s` counts as the engine failing (nobody waits for
+    it): its requests are answered with a retryable error rather than left waiting forever."""
+    cfg = fast_config()
+    engine = ScriptedEngine("s0", str(script_dir), screen=(1000, 1000), latency_s=30.0, max_batch=8)
+
+    async def body(broker, conn):
+        with pytest.raises(RemoteError) as err:
+            await conn.request(_request(0), timeout=4.0)
+        assert err.value.transient and "within 0.3 s" in err.value.remote_message
+        assert broker.counters["engines.marked_dead"] == 1
+
+    run(_with_broker(cfg, [engine], body, request_timeout_s=0.3, health_interval_s=60.0))
+
+
+def test_pending_requests_are_bounded_in_bytes(script_dir):
+    """Queued and in-flight requests hold their images until answered: past `runtime.inbox_max_bytes`
+    of them, a new request is refused as overloaded however short the queue is."""
+    cfg = fast_config("runtime.inbox_max_bytes=250000")
+    engine = ScriptedEngine("s0", str(script_dir), screen=(1000, 1000), latency_s=0.5, max_batch=1)
+    png = Blob(b"\x89PNG" + bytes(100_000))
+
+    def big(i: int) -> PolicyRequest:
+        return msgspec.structs.replace(_request(i), images=[Image(data=png, width=1, height=1)])
+
+    async def enqueued(broker, n: int) -> None:
+        queue = broker.models["policy"]
+        while broker.counters["requests"] < n:  # `changed` is set at every enqueue
+            queue.changed.clear()
+            await asyncio.wait_for(queue.changed.wait(), 5)
+
+    async def body(broker, conn):
+        first = asyncio.create_task(conn.request(big(1)))
+        await enqueued(broker, 1)  # being served
+        second = asyncio.create_task(conn.request(big(2)))
+        await enqueued(broker, 2)  # queued: ~200 KB pending
+        with pytest.raises(RemoteError) as err:
+            await conn.request(big(3))
+        assert err.value.code == "overloaded" and err.value.transient and "bytes" in err.value.remote_message
+        assert all(isinstance(r, PolicyResponse) for r in await asyncio.gather(first, second))
+        assert broker.pending_bytes == 0  # every answered request stopped counting
+        assert isinstance(await conn.request(big(4)), PolicyResponse)
+
+    run(_with_broker(cfg, [engine], body, max_batch=1, max_wait_ms=0.0))

@@ -238,6 +238,9 @@ def test_bad_requests_abort_alone(ckpt: Path, renderer: ChatRenderer) -> None:
         # longer than the model's positions: CJK characters are not in the merges, 3 tokens each
         GenRequest(messages=[ChatMessage(role="user", parts=[TextPart("\u4e2d" * 12000)])], sampling=GREEDY),
         GenRequest(sampling=GREEDY),
+        # ids the embedding has no row for (an IndexError inside generate would fail the whole batch)
+        GenRequest(prompt_ids=[*prompt[:3], 10**6], sampling=GREEDY),
+        GenRequest(prompt_ids=[-5, *prompt[:3]], sampling=GREEDY),
     ]
     [[first, *aborted, last], [alone]] = serve(ckpt, [good, *bad, good], [good])
     for res in aborted:

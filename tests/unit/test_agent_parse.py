@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 
 import pytest
 
@@ -93,6 +94,18 @@ def test_action_line_and_calls():
     assert parsed.calls == [{"action": "left_click", "coordinate": [1, 2]}]
     assert parsed.dropped_calls == 0
     assert parse_response(call(action="wait"), screen=SCREEN, coordinates="relative").action_line == ""
+
+
+def test_action_line_on_the_next_line_and_in_linear_time():
+    text = "Thinking...\n- \nAction:\n  Click OK  \n" + call(action="wait")
+    assert parse_response(text, screen=SCREEN, coordinates="relative").action_line == "Click OK"
+    # A degenerate response (runs of dashed or blank lines, no Action line) once cost quadratic regex
+    # backtracking: these 50 KB took ~8 s on the worker's event loop. Linear now: milliseconds.
+    for junk in ("x" + "-\n" * 25_000, "x" + "\n" * 25_000 + "y"):
+        started = time.monotonic()
+        parsed = parse_response(junk + call(action="wait"), screen=SCREEN, coordinates="relative")
+        assert time.monotonic() - started < 1.0
+        assert parsed.action_line == "" and parsed.actions == [Wait(seconds=1.0)]
 
 
 # --- coordinates ---------------------------------------------------------------------------------

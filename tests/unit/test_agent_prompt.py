@@ -178,3 +178,19 @@ def test_step_images_are_resized_once():
 def test_from_config():
     cfg = PromptConfig.from_config(AgentConfig(coordinates="absolute", history_images=1, max_pixels=10_000))
     assert cfg == PromptConfig(coordinates="absolute", history_images=1, max_pixels=10_000)
+
+
+def test_vision_tokens_in_a_past_response_are_left_out():
+    """Engines decode responses with their special tokens; a past response holding `<|image_pad|>` would
+    make the next prompt's image-pad count wrong, so the engine would abort it (an environment error for
+    what the policy wrote). The history shows the response without those tokens."""
+    step = StepRecord(
+        screenshot=_png(10),
+        response='<|vision_start|><|image_pad|>Action: x\n<tool_call>{"a": "<|video_pad|>"}</tool_call>',
+        action_line="x",
+    )
+    p = _build([step])
+    shown = p.messages[2].parts[0]
+    assert p.messages[2].role == "assistant" and isinstance(shown, TextPart)
+    assert shown.text == 'Action: x\n<tool_call>{"a": ""}</tool_call>'
+    assert step.response.startswith("<|vision_start|>")  # the record itself stays verbatim

@@ -1,0 +1,84 @@
+"""The env worker in one process with a real coordinator, a real broker (scripted engine) and a real local
+VM: how an episode holds its VM while the policy is slow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from guirl.actors.broker import InferenceBroker
+from guirl.actors.coordinator import Coordinator
+from guirl.actors.env_worker import EXECUTE_TIMEOUT_S, EnvWorker
+from guirl.agent.actions import Wait
+from guirl.agent.parse import parse_response
+from guirl.config.schema import InferenceConfig
+from guirl.inference.scripted import ScriptedEngine
+from guirl.vmpool.tasks.suite import SuiteTask
+from tests.helpers import fast_config, run
+
+INFEASIBLE = {"id": "t-infeasible", "instruction": "Do the impossible.", "evaluator": {"func": "infeasible"}}
+
+
+def test_a_slow_policy_keeps_its_vm(tmp_path):
+    """The policy thinks for longer than the VM lease's TTL (a real model under load does, for minutes):
+    the episode keeps its VM and is scored, rather than losing it mid-episode to the pool (which resets it
+    and lends it to another episode) and ending as an environment error."""
+    cfg = fast_config()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "t-infeasible.jsonl").write_text(json.dumps({"type": "fail"}) + "\n")
+    ttl = 0.5
+
+    async def scenario():
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            max_steps=3,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        engine = ScriptedEngine("s0", scripts, screen=(640, 480), latency_s=3 * ttl)
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[engine],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        coord_task, broker_task = await coord.start(), await broker.start()
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 640 * 480},
+            lease_ttl_s=ttl,
+            pool_health_interval_s=ttl / 3,
+            runtime=cfg.runtime,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(coord.all_done.wait(), 30)
+            await asyncio.wait_for(worker_task, 30)  # its slots are told "done": it finishes by itself
+        finally:
+            for actor, task in ((broker, broker_task), (coord, coord_task)):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+        return coord
+
+    coord = run(scenario(), timeout=60)
+    result = coord.results[("t-infeasible", 0)]
+    assert result.env_errors == [] and result.attempts == 1, result
+    assert result.status == "completed" and result.outcome == "fail" and result.score == 1.0
+
+
+def test_the_longest_wait_fits_in_the_execute_timeout():
+    """In OSWorld's pyautogui action space a `wait` runs on the VM as `time.sleep` through `/execute`:
+    the longest wait the parser lets through must finish well within that call's timeout, or a policy that
+    waits is scored as a VM fault."""
+    longest = parse_response(
+        '{"action": "wait", "time": 1e9}', screen=(640, 480), coordinates="relative"
+    ).actions
+    assert longest == [Wait(seconds=longest[0].seconds)]
+    assert EXECUTE_TIMEOUT_S >= longest[0].seconds + 20
