@@ -95,7 +95,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     except EvalError as exc:
         print(f"guirl eval: {exc}", file=sys.stderr)
         return 1
-    return 0 if summary["tasks"] else 1
+    if not any(r["status"] == "completed" for r in summary["results"]):
+        print(
+            "guirl eval: no task could be scored (environment errors only); see summary.json", file=sys.stderr
+        )
+        return 1
+    return 0
 
 
 def cmd_config(args: argparse.Namespace) -> int:

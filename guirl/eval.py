@@ -67,6 +67,15 @@ def resolve_checkpoint(cfg: GuirlConfig) -> str:
 # -- reporting ---------------------------------------------------------------------------------------
 
 
+def vm_split(total: int, workers: int, per_worker: int = 0) -> list[int]:
+    """VMs of each worker: `per_worker` each when set, else `total` shared out as evenly as possible
+    (every worker gets at least one)."""
+    if per_worker:
+        return [per_worker] * workers
+    base, extra = divmod(max(total, workers), workers)
+    return [base + (1 if i < extra else 0) for i in range(workers)]
+
+
 def progress_line(snap: dict[str, Any]) -> str:
     scored = snap["scored"]
     rate = f"{100.0 * snap['score_sum'] / scored:.1f}%" if scored else "-"
@@ -129,6 +138,11 @@ async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: T
         gave_up = [e for e in sup.history if e.kind == "gave_up"]
         if gave_up:
             raise EvalError(f"actor {gave_up[0].name} kept crashing ({gave_up[0].detail}); see its log")
+        gone = {e.name for e in sup.history if e.kind in ("completed", "shut_down", "stopped")}
+        workers = {name for name in sup.actors if name.startswith("worker")}
+        if workers and workers <= gone and not coord.all_done.is_set():
+            snap = coord.snapshot()
+            raise EvalError(f"every env worker ended with {snap['total'] - snap['done']} task(s) unfinished")
         line = progress_line(coord.snapshot())
         if tty:
             out.write("\r" + line + " " * max(0, len(last) - len(line)))
@@ -139,6 +153,13 @@ async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: T
         last = line
     if tty:
         out.write("\n")
+
+
+async def _start_or_explain(sup: Supervisor, spec: ActorSpec) -> Any:
+    try:
+        return await sup.start(spec)
+    except Exception as exc:
+        raise EvalError(f"the {spec.name} did not start: {exc}; see its log above") from exc
 
 
 async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
@@ -168,7 +189,8 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await sup.start(
+            broker = await _start_or_explain(
+                sup,
                 ActorSpec(
                     name="broker",
                     target="guirl.actors.broker:InferenceBroker",
@@ -180,30 +202,42 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
                         "screen": [cfg.env.screen_width, cfg.env.screen_height],
                         "coordinates": cfg.agent.coordinates,
                     },
-                )
+                ),
             )
             print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
+            vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
+            prewarm = vm_split(cfg.env.prewarm_envs, e.workers) if cfg.env.prewarm_envs else [0] * e.workers
             options = {
                 "coordinator": coord.endpoints[0],
                 "broker": broker.endpoints[0],
                 "run_dir": str(run_dir),
                 "agent": msgspec.to_builtins(cfg.agent),
                 "env": msgspec.to_builtins(cfg.env),
-                "vms": e.vms_per_worker,
                 "setup_timeout_s": e.setup_timeout_s,
                 "policy_timeout_s": cfg.inference.request_timeout_s,
             }
-            async with asyncio.TaskGroup() as tg:
-                for i in range(e.workers):
-                    opts = dict(options, fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1)
-                    spec = ActorSpec(
-                        name=f"worker{i}",
-                        target="guirl.actors.env_worker:EnvWorker",
-                        run_dir=str(run_dir),
-                        options=opts,
-                    )
-                    tg.create_task(sup.start(spec))
-            print(f"[eval] {e.workers} env worker(s) x {e.vms_per_worker} VM(s) up", file=out)
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for i in range(e.workers):
+                        opts = dict(
+                            options,
+                            vms=vms[i],
+                            prewarm=min(vms[i], prewarm[i]),
+                            fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1,
+                        )
+                        spec = ActorSpec(
+                            name=f"worker{i}",
+                            target="guirl.actors.env_worker:EnvWorker",
+                            run_dir=str(run_dir),
+                            options=opts,
+                        )
+                        tg.create_task(sup.start(spec))
+            except* Exception as group:  # say which worker and why, not a traceback of the task group
+                first = group.exceptions[0]
+                raise EvalError(f"an env worker did not start: {first}; see its log above") from first
+            print(
+                f"[eval] {e.workers} env worker(s), {sum(vms)} VMs ({'/'.join(map(str, vms))}) up", file=out
+            )
             await _progress(coord, sup, e.progress_interval_s, out)
             await sup.stop_all()
     finally:

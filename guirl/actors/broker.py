@@ -30,7 +30,7 @@ import msgspec
 from guirl.actors.base import Actor, Request
 from guirl.actors.errors import FatalError
 from guirl.config.schema import InferenceConfig
-from guirl.inference.base import Engine, EngineError, GenRequest, GenResult
+from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, GenResult
 from guirl.messages import PolicyChannel
 from guirl.messages.types import (
     Ack,
@@ -45,6 +45,9 @@ from guirl.messages.types import (
 log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 10.0
+FAILURES_TO_DEAD = 3
+"""Consecutive failed batches (of errors another engine may not have) after which an engine is routed
+around until its health check passes."""
 
 
 @dataclass
@@ -86,12 +89,11 @@ class _ModelQueue:
         self.changed = asyncio.Event()  # a request arrived, or an engine became free or healthy
 
     def pick(self, avoid: set[str] | frozenset[str] = frozenset()) -> _EngineSlot | None:
-        """The least-loaded healthy engine that is free (fewest in flight, then fewest served), preferring
-        engines not in `avoid` (those the head request already failed on) while any other is healthy."""
-        healthy = [s for s in self.slots if s.healthy]
-        candidates = [s for s in healthy if s.engine.name not in avoid] or healthy
-        free = [s for s in candidates if not s.busy]
-        return min(free, key=lambda s: (s.inflight, s.served), default=None)
+        """The least-loaded free healthy engine (fewest in flight, then fewest served), preferring one the
+        head request has not failed on (`avoid`); a busy untried engine is not waited for."""
+        free = [s for s in self.slots if s.healthy and not s.busy]
+        fresh = [s for s in free if s.engine.name not in avoid]
+        return min(fresh or free, key=lambda s: (s.inflight, s.served), default=None)
 
     @property
     def any_healthy(self) -> bool:
@@ -369,11 +371,17 @@ class InferenceBroker(Actor):
     ) -> None:
         name = slot.engine.name
         retryable = getattr(exc, "retryable", True)  # a bug in an engine counts as that engine failing
-        if retryable:  # dead, or failing for reasons another engine may not have: route around it
+        slot.failures += 1
+        # Dead (or a bug), or failing again and again: route around it until a health check passes. One
+        # passing fault (a rate limit, a timeout) only sends its batch elsewhere.
+        if (
+            isinstance(exc, EngineDead)
+            or not isinstance(exc, EngineError)
+            or slot.failures >= FAILURES_TO_DEAD
+        ):
             slot.healthy = False
             log.warning("engine %s failed a batch (%r): routing around it until it is healthy", name, exc)
             self.counters["engines.marked_dead"] += 1
-        slot.failures += 1
         self.counters["batches.failed"] += 1
         requeue = []
         for p in batch:
@@ -402,6 +410,8 @@ class InferenceBroker(Actor):
                     ok = await asyncio.wait_for(slot.engine.health(), HEALTH_TIMEOUT_S)
                 except Exception:
                     ok = False
+                if ok and not slot.healthy:
+                    slot.failures = 0  # a fresh start: it is judged by what it does from now on
                 if ok != slot.healthy:
                     log.warning("engine %s is %s", slot.engine.name, "back" if ok else "unhealthy")
                     self.counters["engines.revived" if ok else "engines.marked_dead"] += 1

@@ -109,6 +109,7 @@ class EnvWorker(Actor):
         agent: dict | None = None,
         env: dict | None = None,
         vms: int = 1,
+        prewarm: int | None = None,
         setup_timeout_s: float = 300.0,
         policy_timeout_s: float = 600.0,
         fault_kill_vm_at_step: int = -1,
@@ -123,6 +124,7 @@ class EnvWorker(Actor):
         self.env = msgspec.convert(env or {}, EnvConfig)
         self.prompt_cfg = PromptConfig.from_config(self.agent)
         self.slots = vms
+        self.prewarm = prewarm
         self.setup_timeout_s = setup_timeout_s
         self.policy_timeout_s = policy_timeout_s
         self.fault_step = fault_kill_vm_at_step
@@ -148,7 +150,7 @@ class EnvWorker(Actor):
             self.provider,
             tag=self.name,
             max_envs=self.slots,
-            prewarm=min(self.slots, self.env.prewarm_envs),
+            prewarm=min(self.slots, self.env.prewarm_envs if self.prewarm is None else self.prewarm),
             lease_ttl_s=self.lease_ttl_s,
             health_interval_s=self.pool_health_interval_s,
         )
@@ -209,6 +211,9 @@ class EnvWorker(Actor):
         except EnvFault as exc:
             env_error = str(exc)[:500]
         except (VMError, PoolError, SetupError, EvaluationError, ActorError, OSError, TimeoutError) as exc:
+            env_error = f"{type(exc).__name__}: {exc}"[:500]
+        except ValueError as exc:  # garbage from the VM (a reply that is not JSON, an absurd screenshot)
+            log.warning("episode %s: bad data from the environment", ep.episode_id, exc_info=exc)
             env_error = f"{type(exc).__name__}: {exc}"[:500]
         if env_error:
             log.warning("episode %s (%s): environment error: %s", ep.episode_id, ep.task_id, env_error)

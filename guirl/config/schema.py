@@ -118,8 +118,8 @@ class SupervisorConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     """Restarts allowed within restart_window_s before the run fails."""
     restart_window_s: PosFloat = 300.0
     """Sliding window over which restarts are counted, in seconds."""
-    start_timeout_s: PosFloat = 30.0
-    """Seconds an actor process has to report ready."""
+    start_timeout_s: PosFloat = 600.0
+    """Seconds an actor process has to report ready (a broker loads its model first)."""
     stop_timeout_s: PosFloat = 10.0
     """Seconds an actor process has to exit before it is killed."""
 
@@ -326,8 +326,8 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Run only the first N tasks (0 = all)."""
     workers: PosInt = 1
     """Env worker processes."""
-    vms_per_worker: PosInt = 2
-    """VMs each env worker owns (episodes it runs at once)."""
+    vms_per_worker: NonNegInt = 0
+    """VMs each env worker owns (episodes it runs at once); 0 = `env.max_envs` shared out over the workers."""
     max_attempts: PosInt = 3
     """Attempts of a task before an environment fault aborts it (environment errors retry elsewhere)."""
     setup_timeout_s: PosFloat = 300.0

@@ -224,3 +224,30 @@ def test_pending_requests_are_bounded_in_bytes(script_dir):
         assert isinstance(await conn.request(big(4)), PolicyResponse)
 
     run(_with_broker(cfg, [engine], body, max_batch=1, max_wait_ms=0.0))
+
+
+def test_one_passing_fault_is_retried_without_taking_the_engine_out():
+    """A rate limit (429) is retried (on the only engine there is) and the engine stays in service;
+    an engine that keeps failing is taken out until its health check passes."""
+    cfg = fast_config()
+
+    async def scenario():
+        async with FakeOpenAIServer(lambda req: "ok") as server:
+            engine = OpenAIEngine("a", base_url=server.base_url, model="m", timeout_s=5)
+
+            async def body(broker, conn):
+                server.fail_next(1, status=429)
+                reply = await conn.request(_request(0))
+                assert reply.text == "ok" and broker.counters["requests.retried"] == 1
+                assert broker.counters["engines.marked_dead"] == 0
+                server.fail_next(3, status=500)  # three failures in a row: out until healthy again
+                with pytest.raises(RemoteError) as err:
+                    await conn.request(_request(1))
+                assert err.value.transient and broker.counters["engines.marked_dead"] == 1
+                return True
+
+            return await _with_broker(
+                cfg, [engine], body, max_batch=1, max_wait_ms=0.0, health_interval_s=30.0
+            )
+
+    assert run(scenario())

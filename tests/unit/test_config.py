@@ -270,3 +270,12 @@ def test_make_run_dir_creates_distinct_dirs(tmp_path: Path) -> None:
     for d in dirs:
         assert d.is_dir() and d.parent == tmp_path / "runs"
         assert re.fullmatch(r"exp-\d{8}-\d{6}-[0-9a-f]{4}", d.name)
+
+
+def test_vms_are_shared_out_over_workers():
+    from guirl.eval import vm_split
+
+    assert vm_split(64, 8) == [8] * 8  # GUI_POOL_MAX_ENVS=64 over 8 workers
+    assert vm_split(5, 2) == [3, 2]
+    assert vm_split(1, 3) == [1, 1, 1]  # every worker gets a VM
+    assert vm_split(64, 2, per_worker=4) == [4, 4]
