@@ -19,7 +19,8 @@ import msgspec
 
 from guirl.agent.actions import AnyAction, Done
 from guirl.agent.imaging import image_size
-from guirl.agent.parse import Coordinates, render_response
+from guirl.agent.parse import Coordinates
+from guirl.agent.render import render_response
 from guirl.inference.base import EngineError, GenRequest, GenResult, stamp
 
 _TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")

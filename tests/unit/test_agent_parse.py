@@ -22,7 +22,8 @@ from guirl.agent.actions import (
     TypeText,
     Wait,
 )
-from guirl.agent.parse import ParseError, describe, parse_response, render_response
+from guirl.agent.parse import ParseError, parse_response
+from guirl.agent.render import describe, render_response
 
 SCREEN = (1920, 1080)
 
