@@ -1,0 +1,189 @@
+"""Advantages for GRPO-style training: outcome rewards, group z-scores, step-wise (PRM) scores.
+
+Pure functions of tensors and lists: no model, no I/O. Every formula is unit-tested against
+numbers worked out by hand in `tests/unit/test_advantages.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "GroupAdvantages",
+    "broadcast_to_tokens",
+    "filter_degenerate",
+    "grpo_advantages",
+    "outcome_reward",
+    "step_wise_advantages",
+]
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Per-sample advantages and how many groups carried no learning signal."""
+
+    advantages: Tensor
+    """(N,) one advantage per sample, in input order; exactly 0 in a degenerate group."""
+    informative: Tensor
+    """(N,) bool: True where the sample's group has rewards that differ (the optional filter's mask)."""
+    degenerate_groups: int
+    """Groups whose rewards are all equal (size-1 groups included): zero advantage, zero gradient."""
+    groups: int
+    """Distinct groups in the batch."""
+
+
+def outcome_reward(score: float | None, *, success_threshold: float = 1.0) -> float:
+    """Evaluator score to the seed's outcome reward: +1 if `score >= success_threshold`, else -1.
+
+    An unscored episode (None, or NaN) raises ValueError: an environment error must never be
+    trained on as a policy failure (one of the seed's defects, see NOTES "The seed system").
+    """
+    if score is None:
+        raise ValueError("episode has no evaluator score; an unscored episode cannot become a reward")
+    if math.isnan(score):
+        raise ValueError("evaluator score is NaN; an unscored episode cannot become a reward")
+    return 1.0 if score >= success_threshold else -1.0
+
+
+def grpo_advantages(
+    rewards: Tensor,
+    group_ids: Sequence[Hashable] | Tensor,
+    *,
+    eps: float = 1e-6,
+    std_normalize: bool = True,
+) -> GroupAdvantages:
+    """GRPO outcome advantages (DeepSeekMath, eq. in sec. 4.1.2): `(r - mean_g) / (std_g + eps)`.
+
+    `group_ids` names each sample's group (the samples drawn for one task), as a list of any
+    hashable ids or an integer tensor. With `std_normalize=False` the advantage is `r - mean_g`
+    (Dr. GRPO drops the std division to avoid weighting easy/hard groups differently).
+
+    std is the unbiased (n - 1) estimator, as verl's `compute_grpo_outcome_advantage` uses
+    `torch.std`; for the seed's group of 8 it scales advantages by sqrt(7/8) versus the
+    population std. A group whose rewards are all equal (including a group of one, left by
+    environment errors) gets exactly 0 and is counted: it has no baseline to compare against.
+    verl instead passes a size-1 group's raw reward through (mean 0, std 1), which would train
+    on an un-baselined +-1; we do not.
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D (one per sample), got shape {tuple(rewards.shape)}")
+    index, num_groups = _group_index(group_ids, rewards.shape[0], rewards.device)
+    return _group_zscore(rewards, index, num_groups, eps=eps, std_normalize=std_normalize)
+
+
+def filter_degenerate(rewards: Tensor, group_ids: Sequence[Hashable] | Tensor) -> Tensor:
+    """(N,) bool mask of samples whose group has differing rewards (DAPO's dynamic sampling filter).
+
+    Degenerate groups already contribute zero gradient; dropping them keeps them from diluting a
+    token-mean loss and from costing learner compute.
+    """
+    return grpo_advantages(rewards, group_ids).informative
+
+
+def step_wise_advantages(
+    prm_scores: Sequence[float],
+    outcomes: Sequence[float],
+    group_ids: Sequence[Hashable],
+    step_indices: Sequence[int],
+    *,
+    prm_coef: float = 1.0,
+    eps: float = 1e-6,
+    std_normalize: bool = True,
+) -> GroupAdvantages:
+    """Step-wise (PRM mode) advantages; one entry per step sample, all four lists aligned.
+
+    For the step sample at step `t` of an episode in group `g`:
+
+        score = outcome + prm_coef * prm_score
+        advantage = (score - mean_{g,t}) / (std_{g,t} + eps)
+
+    where mean and std run over the bucket of steps sharing (group, step index): the t-th steps
+    of all episodes of one task. `prm_coef` is applied to the step score that is normalised;
+    the seed applied its `prm_step_coef` only to the logged episode score, so its advantages
+    ignored the coefficient. Buckets follow `grpo_advantages`' rules (unbiased std; a bucket of
+    one or of equal scores gives 0 and is counted). The seed kept a size-1 bucket's raw score
+    and used the population std; we keep one rule for both estimators.
+    """
+    n = len(prm_scores)
+    if not (len(outcomes) == len(group_ids) == len(step_indices) == n):
+        raise ValueError(
+            "step-wise inputs must be aligned: "
+            f"prm_scores={n} outcomes={len(outcomes)} group_ids={len(group_ids)} "
+            f"step_indices={len(step_indices)}"
+        )
+    scores = torch.tensor(
+        [o + prm_coef * p for o, p in zip(outcomes, prm_scores, strict=True)], dtype=torch.float64
+    )
+    buckets = [(g, int(t)) for g, t in zip(group_ids, step_indices, strict=True)]
+    index, num_buckets = _group_index(buckets, n, scores.device)
+    return _group_zscore(scores, index, num_buckets, eps=eps, std_normalize=std_normalize)
+
+
+def broadcast_to_tokens(adv_per_sample: Tensor, response_mask: Tensor) -> Tensor:
+    """(B,) advantages to (B, T) per-token advantages, zero outside the response mask.
+
+    GRPO gives every token of a response its sample's advantage (DeepSeekMath: outcome
+    supervision sets each token's advantage to the normalised reward).
+    """
+    if (
+        adv_per_sample.dim() != 1
+        or response_mask.dim() != 2
+        or response_mask.shape[0] != adv_per_sample.shape[0]
+    ):
+        raise ValueError(
+            f"expected (B,) advantages and a (B, T) mask, got {tuple(adv_per_sample.shape)} "
+            f"and {tuple(response_mask.shape)}"
+        )
+    mask = response_mask.bool()
+    per_token = adv_per_sample.unsqueeze(1).expand(mask.shape)
+    return torch.where(mask, per_token, torch.zeros((), dtype=adv_per_sample.dtype, device=mask.device))
+
+
+def _group_index(group_ids: Sequence[Hashable] | Tensor, n: int, device: torch.device) -> tuple[Tensor, int]:
+    """Dense group index (N,) in order of first appearance, and the number of groups."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.shape != (n,):
+            raise ValueError(f"group_ids shape {tuple(group_ids.shape)} does not match {n} samples")
+        _, index = torch.unique(group_ids, return_inverse=True)
+        num_groups = int(index.max().item()) + 1 if n else 0
+        return index.to(device), num_groups
+    if len(group_ids) != n:
+        raise ValueError(f"{len(group_ids)} group ids for {n} samples")
+    dense: dict[Hashable, int] = {}
+    index_list = [dense.setdefault(g, len(dense)) for g in group_ids]
+    return torch.tensor(index_list, dtype=torch.long, device=device), len(dense)
+
+
+def _group_zscore(
+    values: Tensor, index: Tensor, num_groups: int, *, eps: float, std_normalize: bool
+) -> GroupAdvantages:
+    """Vectorised per-group z-score (scatter sums rather than a Python loop over groups)."""
+    out_dtype = values.dtype if values.is_floating_point() else torch.get_default_dtype()
+    # float64 so that a group of +-1 rewards gives advantages exact to float32 precision.
+    v = values.to(torch.float64)
+    if not torch.isfinite(v).all():
+        raise ValueError("rewards must be finite; a NaN/inf reward would poison its whole group")
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=v.device)
+    counts = zeros.index_add(0, index, torch.ones_like(v))
+    mean = zeros.index_add(0, index, v) / counts.clamp(min=1)
+    deviation = v - mean[index]
+    # Unbiased variance, as torch.std (verl); size-1 groups are zeroed below, the clamp only avoids 0/0.
+    var = zeros.index_add(0, index, deviation.square()) / (counts - 1).clamp(min=1)
+    vmax = zeros.scatter_reduce(0, index, v, reduce="amax", include_self=False)
+    vmin = zeros.scatter_reduce(0, index, v, reduce="amin", include_self=False)
+    degenerate = vmax == vmin  # all rewards equal, size-1 groups included
+    adv = deviation / (var.sqrt()[index] + eps) if std_normalize else deviation
+    informative = ~degenerate[index]
+    # Exact zero, not (r - mean) rounding to 1e-17: a degenerate group must contribute no gradient.
+    adv = torch.where(informative, adv, torch.zeros_like(adv))
+    return GroupAdvantages(
+        advantages=adv.to(out_dtype),
+        informative=informative,
+        degenerate_groups=int(degenerate.sum().item()),
+        groups=num_groups,
+    )
