@@ -6,6 +6,13 @@ than it asked for. Every assignment gets a fresh episode id; its end state is `c
 `retried` (an environment fault: the task goes back to the head of the queue as a new attempt, until
 `max_attempts`, after which it is `aborted`) or `aborted`. An episode whose worker dies is retried the
 same way. A late or repeated report of an episode that already ended is refused and counted.
+
+Eval mode runs every task `n_samples` times, once through. Train mode admits whole GRPO groups (a task
+and `n_samples` attempts of it, one `group_id`) from a task order reshuffled each epoch, under AReaL's
+staleness bound: at most `(learner_version + max_staleness + 1) x batch_size x n_samples` episodes are
+ever admitted, so no episode starts whose sample would reach the learner more than `max_staleness`
+versions old in steady state (VM time spent on a sample the learner would throw away is waste). The
+learner's version arrives as `WeightsPublished`.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +34,7 @@ from guirl.messages.types import (
     Message,
     NoWork,
     Register,
+    WeightsPublished,
     WorkRequest,
 )
 from guirl.vmpool.tasks.suite import SuiteTask
@@ -82,20 +91,38 @@ class Coordinator(Actor):
         max_attempts: int = 3,
         max_steps: int = 15,
         seed: int = 0,
+        batch_size: int = 1,
+        max_staleness: int = 0,
+        max_groups: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
+        if mode not in ("eval", "train"):
+            raise ValueError(f"mode must be 'eval' or 'train', got {mode!r}")
         self.mode = mode
         self.max_attempts = max_attempts
         self.max_steps = max_steps
         self.seed = seed
-        self.todo: collections.deque[_Todo] = collections.deque(
-            _Todo(t, s, 0, f"{t.task_id}#g") for t in tasks for s in range(n_samples)
-        )
-        self.total = len(self.todo)
+        self.tasks = list(tasks)
+        self.n_samples = n_samples
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.learner_version = 0
+        self.admitted = 0  # episodes admitted (first attempts; a retry replaces, it does not add)
+        self.groups = 0
+        self._order: list[SuiteTask] = []
+        self._epoch = 0
+        self.todo: collections.deque[_Todo] = collections.deque()
+        if mode == "eval":
+            self.todo.extend(_Todo(t, s, 0, f"{t.task_id}#g") for t in tasks for s in range(n_samples))
+            self.admitted = len(self.todo)
+            self.max_groups = len(tasks)
+        else:
+            self.max_groups = max_groups  # 0: until shut down
+        self.total = len(self.todo) if mode == "eval" else max_groups * n_samples
         self.running: dict[str, _Running] = {}
         self.ended: dict[str, EpisodeEnded] = {}
-        self.results: dict[tuple[str, int], TaskResult] = {}
+        self.results: dict[tuple[str, int], TaskResult] = {}  # by (group id, sample index)
         self.env_errors: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
         self.workers: dict[str, Register] = {}
         self.progress = asyncio.Event()  # set at every end state; readers clear it
@@ -115,10 +142,49 @@ class Coordinator(Actor):
                 return self._assign(req.peer_name, worker)
             case EpisodeEnded() as ended:
                 return self._end(ended)
+            case WeightsPublished(version=version):
+                if version > self.learner_version:
+                    self.learner_version = version
+                    self.counters["learner.version"] = version
+                return Ack(note=f"{self.admission_limit()} episodes may be admitted")
         return await super().handle(req)
 
+    # -- the schedule --------------------------------------------------------------------------------
+
+    def admission_limit(self) -> int:
+        """Episodes that may have been admitted by now (AReaL's bound; eval mode: all of them)."""
+        if self.mode == "eval":
+            return self.total
+        per_update = self.batch_size * self.n_samples
+        return (max(self.learner_version, 0) + self.max_staleness + 1) * per_update
+
+    def _next_task(self) -> SuiteTask:
+        if not self._order:  # a new epoch: the same seed gives the same order
+            self._order = list(self.tasks)
+            random.Random(self.seed * 1_000_003 + self._epoch).shuffle(self._order)
+            self._epoch += 1
+        return self._order.pop(0)
+
+    def _refill(self) -> str:
+        """Admit whole groups while the bound allows; returns why nothing more can be admitted."""
+        while not self.todo:
+            if self.mode == "eval" or (self.max_groups and self.groups >= self.max_groups):
+                return "done"
+            if self.admitted + self.n_samples > self.admission_limit():
+                self.counters["admission.blocked"] += 1
+                return "staleness"
+            task = self._next_task()
+            group = f"{task.task_id}@{self.groups}"
+            self.groups += 1
+            self.todo.extend(_Todo(task, s, 0, group) for s in range(self.n_samples))
+            self.admitted += self.n_samples
+        return ""
+
     def _assign(self, peer: str, worker: str) -> Message:
+        why = self._refill() if not self.todo else ""
         if not self.todo:
+            if why == "staleness":
+                return NoWork(retry_after_s=0.5, reason="staleness: waiting for the learner's next version")
             if self.running:
                 return NoWork(retry_after_s=1.0, reason="waiting for running episodes")
             return NoWork(retry_after_s=0.0, reason="done")
@@ -152,15 +218,25 @@ class Coordinator(Actor):
         self.ended[eid] = ended
         self.counters[f"episodes.{ended.status}"] += 1
         todo = run.todo
-        key = (todo.task.task_id, todo.sample_index)
+        key = (todo.group_id, todo.sample_index)
         if ended.env_error:
             self.env_errors[key].append(ended.env_error)
         if ended.status == "retried":
             if todo.attempt + 1 < self.max_attempts:
                 self.todo.appendleft(_Todo(todo.task, todo.sample_index, todo.attempt + 1, todo.group_id))
-                log.warning("episode %s of %s: environment error, retrying: %s", eid, key[0], ended.env_error)
+                log.warning(
+                    "episode %s of %s: environment error, retrying: %s",
+                    eid,
+                    todo.task.task_id,
+                    ended.env_error,
+                )
             else:
-                log.error("task %s aborted after %d attempts: %s", key[0], self.max_attempts, ended.env_error)
+                log.error(
+                    "task %s aborted after %d attempts: %s",
+                    todo.task.task_id,
+                    self.max_attempts,
+                    ended.env_error,
+                )
                 self._final(key, todo, ended, "aborted", run)
         else:
             self._final(key, todo, ended, ended.status, run)

@@ -342,6 +342,9 @@ class StepSample(msgspec.Struct, frozen=True, kw_only=True):
     response_text: str = ""
     action: str = ""
     prm_score: float | None = None
+    image_refs: list[int] = []
+    """The step's prompt images as indices into its trajectory's `screens` (each screenshot travels once,
+    though it is in up to `history_images + 1` prompts); `images` stays empty then."""
 
 
 class Trajectory(Message):
@@ -356,6 +359,13 @@ class Trajectory(Message):
     steps: list[StepSample]
     env_error: str = ""
     domain: str = ""
+    screens: list[Image] = []
+    """The prompt images of the episode's steps, once each (see `StepSample.image_refs`)."""
+    score: float | None = None
+    """The evaluator's score in [0, 1] that `reward` was derived from."""
+    outcome: str = ""
+    """How the episode ended (`done`, `fail`, `truncated`, `parse_error`)."""
+    attempt: int = 0
 
 
 class WeightsPublished(Message):

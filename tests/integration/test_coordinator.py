@@ -12,7 +12,15 @@ import pytest
 from guirl.actors.coordinator import Coordinator
 from guirl.errors import InputError
 from guirl.messages import CoordinatorChannel
-from guirl.messages.types import Ack, EpisodeAssignment, EpisodeEnded, NoWork, Register, WorkRequest
+from guirl.messages.types import (
+    Ack,
+    EpisodeAssignment,
+    EpisodeEnded,
+    NoWork,
+    Register,
+    WeightsPublished,
+    WorkRequest,
+)
 from guirl.vmpool.tasks.suite import SuiteError, SuiteTask, load_suite
 from tests.helpers import client_actor, fast_config, run
 
@@ -64,9 +72,9 @@ def test_every_task_ends_once_with_retries_bounded():
             current = await conn.request(WorkRequest(worker="w"))
         assert isinstance(current, NoWork) and current.reason == "done"
         assert coord.all_done.is_set()
-        t1 = coord.results[("t1", 0)]
+        t1 = coord.results[("t1#g", 0)]
         assert t1.status == "aborted" and t1.attempts == 3 and len(t1.env_errors) == 3
-        assert coord.results[("t0", 0)].score == 1.0
+        assert coord.results[("t0#g", 0)].score == 1.0
         snap = coord.snapshot()
         assert snap["done"] == 2 and snap["success"] == 1 and snap["aborted"] == 1 and snap["env_errors"] == 3
 
@@ -145,3 +153,64 @@ def test_load_suite_rejects_a_broken_task_file(tmp_path):
         load_suite(tmp_path / "b.json")
     with pytest.raises(SuiteError, match="no domain"):
         load_suite(tmp_path / "b.json", domains=["zzz"])
+
+
+def test_train_mode_admits_whole_groups_under_the_staleness_bound():
+    """AReaL's bound: with batch 2 x 2 samples and max_staleness 1, at most (v + 2) x 4 episodes are ever
+    admitted at learner version v; groups stay together; epochs reshuffle the tasks deterministically."""
+    cfg = fast_config()
+
+    async def body(coord, conn):
+        assigned = []
+        while True:
+            work = await conn.request(WorkRequest(worker="w"))
+            if isinstance(work, NoWork):
+                break
+            assigned.append(work)
+        assert work.reason.startswith("staleness") and len(assigned) == 8  # (0 + 1 + 1) x 2 x 2
+        groups: dict[str, list[int]] = {}
+        for a in assigned:
+            assert a.mode == "train"
+            groups.setdefault(a.group_id, []).append(a.sample_index)
+        assert all(sorted(v) == [0, 1] for v in groups.values()) and len(groups) == 4
+        # the first epoch covers all three tasks before any repeats
+        first_epoch = [a.task_id for a in assigned[::2]][:3]
+        assert sorted(first_epoch) == ["t0", "t1", "t2"]
+        # finishing episodes does not admit more: only a new learner version does
+        for a in assigned[:2]:
+            await conn.request(EpisodeEnded(episode_id=a.episode_id, status="completed", score=1.0))
+        assert isinstance(await conn.request(WorkRequest(worker="w")), NoWork)
+        ack = await conn.request(WeightsPublished(version=1))
+        assert ack.ok and coord.admission_limit() == 12
+        more = [await conn.request(WorkRequest(worker="w")) for _ in range(5)]
+        assert [isinstance(m, EpisodeAssignment) for m in more] == [True] * 4 + [False]
+        # an environment error is retried inside the same group without admitting more
+        retried = more[0]
+        await conn.request(EpisodeEnded(episode_id=retried.episode_id, status="retried", env_error="vm died"))
+        again = await conn.request(WorkRequest(worker="w"))
+        assert (again.group_id, again.sample_index, again.attempt) == (
+            retried.group_id,
+            retried.sample_index,
+            1,
+        )
+        assert coord.admitted == 12
+
+    run(
+        _with_coordinator(
+            cfg, _tasks(3), body, mode="train", n_samples=2, batch_size=2, max_staleness=1, seed=7
+        )
+    )
+
+
+def test_train_mode_stops_after_max_groups():
+    cfg = fast_config()
+
+    async def body(coord, conn):
+        work = [await conn.request(WorkRequest(worker="w")) for _ in range(3)]
+        assert [type(w).__name__ for w in work] == ["EpisodeAssignment", "EpisodeAssignment", "NoWork"]
+        for w in work[:2]:
+            await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", score=0.0))
+        done = await conn.request(WorkRequest(worker="w"))
+        assert done.reason == "done" and coord.all_done.is_set()
+
+    run(_with_coordinator(cfg, _tasks(2), body, mode="train", n_samples=2, max_staleness=5, max_groups=1))
