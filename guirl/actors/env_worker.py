@@ -18,6 +18,7 @@ What is whose fault is decided here, carefully (the seed got these wrong):
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
 from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
 from guirl.config.schema import AgentConfig, EnvConfig
-from guirl.messages import Blob, CoordinatorChannel, PolicyChannel
+from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel
 from guirl.messages.types import (
     ChatMessage,
     EpisodeAssignment,
@@ -46,6 +47,8 @@ from guirl.messages.types import (
     PolicyResponse,
     Register,
     SamplingParams,
+    StepSample,
+    Trajectory,
     WorkRequest,
 )
 from guirl.vmpool.client import VMClient, VMError
@@ -77,6 +80,35 @@ class _Episode:
     parse_error: str = ""
     history: list[StepRecord] = field(default_factory=list)
     versions: set[int] = field(default_factory=set)
+    samples: list[StepSample] = field(default_factory=list)  # train mode: what the learner gets
+    screens: list[Image] = field(default_factory=list)
+    screen_index: dict[bytes, int] = field(default_factory=dict)  # sha256 of a prompt image -> screens
+
+    def add_sample(self, step: int, prompt: Any, response: PolicyResponse, action_line: str) -> None:
+        """Keep a step as a training sample: the engine's exact tokens, each prompt image once."""
+        if response.prompt_ids is None or response.response_ids is None or response.logprobs is None:
+            raise EnvFault(
+                "the engine returned no token ids: training needs a backend that does (hf, sglang)"
+            )
+        refs = []
+        for png, (w, h) in zip(prompt.images, prompt.image_sizes, strict=True):
+            digest = hashlib.sha256(png).digest()
+            if digest not in self.screen_index:
+                self.screen_index[digest] = len(self.screens)
+                self.screens.append(Image(data=Blob(png), width=w, height=h))
+            refs.append(self.screen_index[digest])
+        self.samples.append(
+            StepSample(
+                step=step,
+                prompt_ids=response.prompt_ids,
+                response_ids=response.response_ids,
+                logprobs=response.logprobs,
+                policy_version=response.policy_version,
+                response_text=response.text,
+                action=action_line,
+                image_refs=refs,
+            )
+        )
 
 
 def _messages_json(messages: list[ChatMessage]) -> list[dict]:
@@ -106,6 +138,7 @@ class EnvWorker(Actor):
         coordinator: str,
         broker: str,
         run_dir: str,
+        learner: str = "",
         agent: dict | None = None,
         env: dict | None = None,
         vms: int = 1,
@@ -118,7 +151,7 @@ class EnvWorker(Actor):
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
-        self.coordinator_ep, self.broker_ep = coordinator, broker
+        self.coordinator_ep, self.broker_ep, self.learner_ep = coordinator, broker, learner
         self.run_dir = Path(run_dir)
         self.agent = msgspec.convert(agent or {}, AgentConfig)
         self.env = msgspec.convert(env or {}, EnvConfig)
@@ -139,6 +172,7 @@ class EnvWorker(Actor):
     async def setup(self) -> None:
         self.coord = self.connect("coordinator", self.coordinator_ep, CoordinatorChannel)
         self.broker = self.connect("broker", self.broker_ep, PolicyChannel)
+        self.learner = self.connect("learner", self.learner_ep, LearnerChannel) if self.learner_ep else None
         if self.env.provider != "local":
             raise ActorError(f"provider {self.env.provider!r} is not available in this build")
         from guirl.vmpool.local import LocalProvider
@@ -208,6 +242,8 @@ class EnvWorker(Actor):
         env_error = ""
         try:
             await self._run(episode)
+            if ep.mode == "train":
+                await self._deliver(episode)
         except EnvFault as exc:
             env_error = str(exc)[:500]
         except (VMError, PoolError, SetupError, EvaluationError, ActorError, OSError, TimeoutError) as exc:
@@ -286,6 +322,37 @@ class EnvWorker(Actor):
             keepalive.cancel()
             await self.pool.release(lease.lease_id)
 
+    async def _deliver(self, episode: _Episode) -> None:
+        """Send a finished episode's samples to the learner (it ignores a repeat, so this may be retried).
+        A trajectory that cannot be delivered is an environment error: the episode is played again."""
+        from guirl.learner.advantages import outcome_reward
+
+        if self.learner is None:
+            raise EnvFault("a train-mode episode, but this worker has no learner to send it to")
+        ep = episode.ep
+        traj = Trajectory(
+            episode_id=ep.episode_id,
+            task_id=ep.task_id,
+            group_id=ep.group_id,
+            sample_index=ep.sample_index,
+            status="completed",
+            reward=outcome_reward(episode.score),
+            steps=episode.samples,
+            domain=ep.domain,
+            screens=episode.screens,
+            score=episode.score,
+            outcome=episode.outcome,
+            attempt=ep.attempt,
+        )
+        rt = self.runtime
+        await retry_idempotent(
+            lambda: self.learner.request(traj),
+            attempts=10,
+            initial=rt.reconnect_backoff_initial_s,
+            cap=rt.reconnect_backoff_max_s,
+        )
+        self.counters["trajectories.sent"] += 1
+
     async def _keep_lease(self, lease: Any) -> None:
         """Heartbeat `lease` well inside its TTL until the episode lets it go (or it breaks)."""
         while not lease.broken:
@@ -335,6 +402,7 @@ class EnvWorker(Actor):
                     "response_tokens": response.response_ids.shape[0] if response.response_ids else None,
                 }
                 episode.steps = step + 1
+                parsed = None
                 try:
                     parsed = parse_response(
                         response.text,
@@ -347,7 +415,11 @@ class EnvWorker(Actor):
                     episode.outcome, episode.parse_error = "parse_error", f"{exc.code}: {exc}"
                     record.update(parse_error=episode.parse_error, timing={"infer_s": round(t1 - t0, 4)})
                     traj.write(json.dumps(record) + "\n")
+                    if ep.mode == "train":  # an unparseable response is the policy's: it is trained on
+                        episode.add_sample(step, prompt, response, "")
                     return
+                if ep.mode == "train":
+                    episode.add_sample(step, prompt, response, parsed.action_line)
                 refused, next_shot, terminal = await self._act(client, parsed.actions, ctx)
                 t2 = time.monotonic()
                 record.update(

@@ -68,7 +68,7 @@ def test_a_slow_policy_keeps_its_vm(tmp_path):
         return coord
 
     coord = run(scenario(), timeout=60)
-    result = coord.results[("t-infeasible", 0)]
+    result = coord.results[("t-infeasible#g", 0)]
     assert result.env_errors == [] and result.attempts == 1, result
     assert result.status == "completed" and result.outcome == "fail" and result.score == 1.0
 
@@ -82,3 +82,82 @@ def test_the_longest_wait_fits_in_the_execute_timeout():
     ).actions
     assert longest == [Wait(seconds=longest[0].seconds)]
     assert EXECUTE_TIMEOUT_S >= longest[0].seconds + 20
+
+
+def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
+    """In train mode an episode's steps reach the learner as one `Trajectory`: the engine's exact prompt
+    and response token ids and behaviour log-probs per step, each prompt image once, the outcome reward."""
+    from guirl.actors.base import Actor, Request
+    from guirl.inference.hf import HFEngine
+    from guirl.messages import LearnerChannel
+    from guirl.messages.types import Ack, Trajectory
+    from guirl.model.tiny import ensure_tiny_checkpoint
+
+    cfg = fast_config()
+    ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
+    received: list[Trajectory] = []
+
+    class Collector(Actor):
+        channel = LearnerChannel
+
+        async def handle(self, req: Request):
+            if isinstance(req.msg, Trajectory):
+                received.append(req.msg)
+                return Ack()
+            return await super().handle(req)
+
+    async def scenario():
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            mode="train",
+            n_samples=1,
+            max_groups=1,
+            max_steps=2,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[HFEngine("hf0", ckpt)],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        learner = Collector("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        tasks = [await a.start() for a in (coord, broker, learner)]
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            learner=learner.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 320 * 240, "max_new_tokens": 16, "temperature": 1.0},
+            runtime=cfg.runtime,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(coord.all_done.wait(), 60)
+            await asyncio.wait_for(worker_task, 30)
+        finally:
+            for actor, task in zip((coord, broker, learner), tasks, strict=True):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+        return coord
+
+    coord = run(scenario(), timeout=120)
+    (result,) = coord.results.values()
+    assert result.status == "completed" and result.env_errors == []
+    (traj,) = received
+    assert traj.group_id == "t-infeasible@0" and traj.sample_index == 0 and traj.status == "completed"
+    assert traj.reward in (-1.0, 1.0) and traj.score == result.score and traj.outcome == result.outcome
+    assert 1 <= len(traj.steps) <= 2 and traj.screens
+    for step in traj.steps:
+        n = step.response_ids.shape[0]
+        assert 0 < n <= 16 and step.logprobs.shape == [n] and step.prompt_ids.shape[0] > n
+        assert all(lp <= 0.0 for lp in step.logprobs.tolist())
+        assert step.image_refs and all(0 <= i < len(traj.screens) for i in step.image_refs)
+        assert step.policy_version == -1 and not step.images
+    # each screenshot travels once, however many prompts it is in
+    assert len(traj.screens) == len({bytes(s.data.data) for s in traj.screens})
