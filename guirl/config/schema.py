@@ -338,6 +338,51 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Fault injection for tests: kill the VM of the first episode at this step (-1 = off)."""
 
 
+class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """RL mode (`guirl train`): the learner and the schedule."""
+
+    tasks: str = "tasks/local/train.json"
+    """Meta list of the training tasks (`{domain: [task ids]}`)."""
+    updates: NonNegInt = 0
+    """Policy updates to run (0 = until stopped)."""
+    lr: PosFloat = 1e-6
+    """Adam learning rate."""
+    weight_decay: Annotated[float, Meta(ge=0)] = 0.0
+    """AdamW weight decay."""
+    grad_clip: PosFloat = 1.0
+    """Gradient norm clip."""
+    eps_clip: PosFloat = 0.2
+    """Lower clip of the policy ratio (1 - eps_clip)."""
+    eps_clip_high: PosFloat = 0.28
+    """Upper clip of the policy ratio (1 + eps_clip_high; DAPO's clip-higher)."""
+    tis_cap: Annotated[float, Meta(ge=0)] = 2.0
+    """Cap on the truncated importance weight behaviour -> proximal policy (0 = no correction)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """How token losses are averaged."""
+    kl_coef: Annotated[float, Meta(ge=0)] = 0.0
+    """Coefficient of the KL penalty to the frozen reference (0 = none, as the seed's GRPO)."""
+    kl_kind: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator."""
+    max_staleness: NonNegInt = 1
+    """Policy versions a sample may lag the learner (AReaL's bound; 0 = on-policy)."""
+    group_timeout_s: PosFloat = 600.0
+    """Seconds a GRPO group waits for members lost to environment errors."""
+    partial_groups: Literal["train", "drop"] = "train"
+    """What a group that timed out does: train on the members it has (two or more), or drop them."""
+    filter_degenerate: bool = False
+    """Skip groups whose rewards are all equal (their advantage is zero anyway)."""
+    micro_batch_tokens: PosInt = 16384
+    """Token budget of one micro-batch (prompt + response tokens)."""
+    checkpoint_every: NonNegInt = 10
+    """Updates between checkpoints (0 = only at the end)."""
+    eval_every: NonNegInt = 0
+    """Updates between evaluations on `eval.tasks` (0 = none)."""
+    weight_sync: Literal["broadcast", "disk"] = "broadcast"
+    """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
+    sync: bool = False
+    """Run rollout and training in turns (no overlap), for comparison with the decoupled default."""
+
+
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The whole configuration of a guirl run; each actor receives only its own section."""
 
@@ -375,6 +420,8 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Inference broker and engines."""
     eval: EvalConfig = msgspec.field(default_factory=EvalConfig)
     """Evaluation-only mode."""
+    train: TrainConfig = msgspec.field(default_factory=TrainConfig)
+    """RL mode."""
 
 
 # The seed scripts' environment variables, by name -> dotted config path.
@@ -404,6 +451,9 @@ ENV_VARS: dict[str, str] = {
     "GUI_INFERENCE_BACKEND": "inference.backend",
     "OPENAI_BASE_URL": "inference.openai.base_url",
     "OPENAI_API_KEY": "inference.openai.api_key",
+    "GUI_TRAIN_TASKS": "train.tasks",
+    "LR": "train.lr",
+    "MAX_STALENESS": "train.max_staleness",
     "WANDB_KEY": "wandb.key",
     "WANDB_PROJECT": "wandb.project",
     "VOLC_ACCESSKEY": "cloud.volcengine.access_key",
