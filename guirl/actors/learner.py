@@ -1,0 +1,271 @@
+"""The Learner actor: trains the policy on trajectories as they arrive, and publishes new weights.
+
+The loop reads like the algorithm (slime's train.py): collect `batch_size` complete GRPO groups →
+advantages → one decoupled update → publish the weights (engines load them between batches; the
+coordinator hears the new version, which opens its staleness gate) → log metrics. Trajectories keep
+arriving while it trains: acting never waits for learning. All torch work runs on one dedicated thread,
+so the mailbox keeps answering.
+
+This is the single-process learner; FSDP2 over torchrun ranks wraps the same step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from guirl.actors.base import Actor, Request
+from guirl.actors.errors import ActorError, FatalError
+from guirl.config.schema import TrainConfig
+from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
+from guirl.messages.types import Ack, Message, Trajectory, WeightsPublished
+
+log = logging.getLogger(__name__)
+
+
+class Learner(Actor):
+    """See the module docstring."""
+
+    channel = LearnerChannel
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        train: dict | TrainConfig | None = None,
+        ckpt: str,
+        run_dir: str,
+        n_samples: int,
+        batch_size: int,
+        temperature: float = 1.0,
+        broker: str = "",
+        coordinator: str = "",
+        device: str = "cpu",
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        self.cfg = train if isinstance(train, TrainConfig) else msgspec.convert(train or {}, TrainConfig)
+        self.ckpt = ckpt
+        self.run_dir = Path(run_dir)
+        self.n_samples, self.batch_size = n_samples, batch_size
+        self.temperature = temperature
+        self.broker_ep, self.coordinator_ep = broker, coordinator
+        self.device = device
+        self.seed = seed
+        self.version = 0
+        self.updates_done = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._executor: ThreadPoolExecutor | None = None
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.idle_s = 0.0
+        self.busy_s = 0.0
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+
+    async def setup(self) -> None:
+        from guirl.learner.buffer import TrajectoryBuffer
+
+        self.buffer = TrajectoryBuffer(
+            n_samples=self.n_samples,
+            group_timeout_s=self.cfg.group_timeout_s,
+            partial=self.cfg.partial_groups,
+            max_staleness=self.cfg.max_staleness,
+        )
+        self.broker = self.connect("broker", self.broker_ep, PolicyChannel) if self.broker_ep else None
+        self.coord = (
+            self.connect("coordinator", self.coordinator_ep, CoordinatorChannel)
+            if self.coordinator_ep
+            else None
+        )
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner-{self.name}")
+        await self._torch(self._load)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
+
+    async def teardown(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+
+    async def _torch(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _load(self) -> None:
+        import torch
+        from transformers import Qwen3VLForConditionalGeneration
+
+        from guirl.inference.chat import ChatRenderer
+
+        torch.manual_seed(self.seed)
+        if not Path(self.ckpt, "config.json").is_file():
+            raise FatalError(f"{self.ckpt!r} is not a checkpoint directory (no config.json)")
+        self.model = Qwen3VLForConditionalGeneration.from_pretrained(
+            self.ckpt, local_files_only=True, torch_dtype=torch.float32
+        ).to(self.device)
+        self.model.train()
+        self.renderer = ChatRenderer.load(self.ckpt)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+        )
+
+    # -- trajectories in -----------------------------------------------------------------------------
+
+    async def handle(self, req: Request) -> Message | None:
+        match req.msg:
+            case Trajectory() as traj:
+                accepted = self.buffer.add(traj)
+                self.counters["trajectories.received"] += 1
+                self._arrived.set()
+                return Ack(ok=True, note="accepted" if accepted else "already had it, or not trainable")
+        return await super().handle(req)
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    async def main(self) -> None:
+        cfg = self.cfg
+        while not cfg.updates or self.version < cfg.updates:
+            t0 = time.monotonic()
+            batch = await self._collect()
+            t1 = time.monotonic()
+            metrics = await self._update(batch)
+            if metrics is None:
+                continue
+            self.version += 1
+            publish_s = await self._publish()
+            t2 = time.monotonic()
+            self.idle_s += t1 - t0
+            self.busy_s += t2 - t1
+            metrics.update(
+                version=self.version,
+                collect_s=round(t1 - t0, 3),
+                update_s=round(t2 - t1 - publish_s, 3),
+                publish_s=round(publish_s, 3),
+                learner_idle_frac=round(self.idle_s / max(1e-9, self.idle_s + self.busy_s), 4),
+                **{f"buffer.{k}": v for k, v in self.buffer.state().items()},
+            )
+            self._log_metrics(metrics)
+        self.updates_done.set()
+
+    async def _collect(self) -> Any:
+        """Wait until `batch_size` groups are ready (settling timed-out groups on the way)."""
+        while True:
+            self.buffer.expire()
+            batch = self.buffer.take(self.batch_size, self.version)
+            if batch is not None:
+                return batch
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(1.0, self.cfg.group_timeout_s))
+            except TimeoutError:
+                pass
+
+    async def _update(self, batch: Any) -> dict[str, Any] | None:
+        import torch
+
+        from guirl.learner.advantages import grpo_advantages
+        from guirl.learner.samples import samples_from_trajectory
+
+        trajs = batch.trajectories
+        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
+        adv = grpo_advantages(rewards, [t.group_id for t in trajs])
+        samples, unusable = [], 0
+        for traj, a, informative in zip(
+            trajs, adv.advantages.tolist(), adv.informative.tolist(), strict=True
+        ):
+            if self.cfg.filter_degenerate and not informative:
+                continue
+            try:
+                samples.extend(samples_from_trajectory(traj, a))
+            except ValueError as exc:  # a malformed trajectory is counted, never trained on
+                unusable += 1
+                log.warning("trajectory %s not trainable: %s", traj.episode_id, exc)
+        self.counters["trajectories.unusable"] += unusable
+        if not samples:
+            self.counters["updates.skipped_empty"] += 1
+            return None
+        step = await self._torch(self._step, samples)
+        versions = [s.policy_version for s in samples]
+        return {
+            **step,
+            "reward_mean": round(float(rewards.mean()), 4),
+            "success_rate": round(sum(1 for t in trajs if (t.score or 0) >= 1.0) / len(trajs), 4),
+            "adv_mean": round(float(adv.advantages.mean()), 4),
+            "adv_std": round(float(adv.advantages.std()) if len(trajs) > 1 else 0.0, 4),
+            "degenerate_groups": adv.degenerate_groups,
+            "groups": adv.groups,
+            "trajectories": len(trajs),
+            "stale_steps_dropped": batch.stale_steps,
+            "partial_groups": batch.partial_groups,
+            "version_lag_mean": round(sum(self.version - max(v, 0) for v in versions) / len(versions), 3),
+            "version_lag_max": max(self.version - max(v, 0) for v in versions),
+        }
+
+    def _step(self, samples: list) -> dict[str, Any]:
+        from guirl.learner.step import train_step
+
+        c = self.cfg
+        return train_step(
+            self.model,
+            self.optimizer,
+            samples,
+            self.renderer,
+            eps_clip=c.eps_clip,
+            eps_clip_high=c.eps_clip_high,
+            tis_cap=c.tis_cap,
+            loss_agg=c.loss_agg,
+            max_tokens=c.micro_batch_tokens,
+            temperature=self.temperature if self.temperature > 0 else 1.0,
+            max_grad_norm=c.grad_clip,
+        )
+
+    # -- weights out ---------------------------------------------------------------------------------
+
+    async def _publish(self) -> float:
+        """Make the new weights the engines' and tell the coordinator; returns the seconds it took."""
+        started = time.monotonic()
+        path = await self._torch(self._save_weights, self.version)
+        msg = WeightsPublished(version=self.version, learner_step=self.version, path=str(path))
+        for conn in (self.broker, self.coord):
+            if conn is None:
+                continue
+            try:
+                await conn.request(msg, timeout=self.runtime.request_timeout_s)
+            except ActorError as exc:  # the broker restarting: it loads the latest weights when back
+                self.counters["publish.failed"] += 1
+                log.warning("could not tell %s about version %d: %s", conn.name, self.version, exc)
+        return time.monotonic() - started
+
+    def _save_weights(self, version: int) -> Path:
+        """The state dict as safetensors under `weights/v<version>/`, written whole then renamed into place;
+        older versions are removed (the engines have moved on)."""
+        from safetensors.torch import save_file
+
+        root = self.run_dir / "weights"
+        final, tmp = root / f"v{version:06d}", root / f".v{version:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
+        config = self.model.config
+        if getattr(config, "tie_word_embeddings", False) or getattr(
+            config.get_text_config(), "tie_word_embeddings", False
+        ):
+            state.pop("lm_head.weight", None)  # shared with the embeddings; the loader ties it back
+        save_file(state, str(tmp / "model.safetensors"))
+        os.replace(tmp, final)
+        for old in root.glob("v*"):
+            if old != final and old.name < final.name:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    def _log_metrics(self, metrics: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps({"time": round(time.time(), 3), **metrics}) + "\n")
