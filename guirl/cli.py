@@ -1,6 +1,7 @@
 """The `guirl` command.
 
     guirl eval --config FILE    evaluation-only mode: every task of an eval set, accuracy per domain
+    guirl train --config FILE   RL mode (GRPO, decoupled): env workers act while the learner trains
     guirl demo                  the transport demo (actors, sockets, a broker killed and restarted)
     guirl replay ...            read, filter, export and re-send message logs (also `bin/replay`)
     guirl config show           the resolved configuration as TOML (`--describe`: every setting documented)
@@ -103,6 +104,38 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+TRAIN_FLAGS = {
+    "tasks": "train.tasks",
+    "updates": "train.updates",
+    "workers": "eval.workers",
+    "max_steps": "agent.max_steps",
+    "ckpt": "model.hf_ckpt",
+}
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from guirl.eval import EvalError
+    from guirl.log import setup_logging
+    from guirl.train import run_train
+
+    for flag, path in TRAIN_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            args.set.append(f"{path}={value}")
+    if args.sync:
+        args.set.append("train.sync=true")
+    cfg = _load(args)
+    setup_logging("train", level=cfg.logging.level, fmt=cfg.logging.format)
+    try:
+        summary = uvloop.run(run_train(cfg))
+    except EvalError as exc:
+        print(f"guirl train: {exc}", file=sys.stderr)
+        return 1
+    return 0 if summary["updates"] else 1
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from guirl.config import describe, to_toml
 
@@ -178,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
     p.set_defaults(func=cmd_eval)
+    p = sub.add_parser("train", help="RL mode: GRPO with env workers acting while the learner trains")
+    _config_args(p)
+    p.add_argument("--tasks", help="meta list of training tasks ({domain: [ids]})")
+    p.add_argument("--updates", type=int, help="policy updates to make")
+    p.add_argument("--workers", type=int, help="env worker processes")
+    p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
+    p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
+    p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
+    p.set_defaults(func=cmd_train)
     p = sub.add_parser("demo", help="run the transport demo")
     _config_args(p)
     p.set_defaults(func=cmd_demo)

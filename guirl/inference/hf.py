@@ -36,6 +36,7 @@ import torch
 
 from guirl.inference.base import EngineDead, EngineError, FinishReason, GenRequest, GenResult, stamp
 from guirl.inference.chat import ChatRenderer, RenderedPrompt
+from guirl.learner.weights import WeightGroupSpec, WeightGroupTimeout, WeightReceiver
 from guirl.messages.types import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class HFEngine:
         # count (torch.set_num_threads) is per calling thread, and every new calling thread brings its own
         # OpenMP team, which on a small CPU competes with the others (measured: batches 2x slower).
         self._executor: ThreadPoolExecutor | None = None
+        self._receiver: WeightReceiver | None = None  # the weight group, once joined (used on the worker)
         self._eos: set[int] = set()
         self._pad_id = 0
         self._max_positions = 0
@@ -164,8 +166,10 @@ class HFEngine:
         return self._model is not None
 
     async def close(self) -> None:
-        """Drop the model (waits for a running batch)."""
+        """Leave the weight group and drop the model (waits for a running batch or weight update)."""
         async with self._lock:
+            if self._receiver is not None:
+                await self._in_worker(self._close_receiver)
             self._model = None
             self._renderer = None
             gc.collect()
@@ -191,21 +195,38 @@ class HFEngine:
     # -- weights ------------------------------------------------------------------------------------
 
     async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
-        """Load new weights between batches. `spec={"path": file_or_dir}`: a safetensors file, or every
-        `*.safetensors` file of a directory, with the model's own parameter names (all of them)."""
-        if "path" not in spec:
+        """Load new weights between batches, from one of:
+
+        - `{"path": file_or_dir}`: a safetensors file, or every `*.safetensors` file of a directory;
+        - `{"broadcast": WeightGroupSpec.to_dict(), "rank": r}`: the learner's next broadcast over the
+          weight group, joined as rank `r` on first use and kept open for later updates (rejoined when
+          the spec or rank changes, or after a failure broke the group).
+
+        Either way the state dict must have the model's own parameter names, all of them (a tied lm_head
+        may be absent), and the new weights serve from the next batch on at `policy_version = version`."""
+        if "path" in spec:
+            work: Any = functools.partial(self._load_weights, Path(spec["path"]))
+        elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
+            try:
+                group = WeightGroupSpec.from_dict(spec["broadcast"])
+            except ValueError as exc:
+                raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
+            work = functools.partial(self._receive_weights, version, group, spec["rank"])
+        else:
             raise NotImplementedError(
-                f"engine {self.name}: only {{'path': ...}} weight updates are implemented (got keys "
-                f"{sorted(spec)}); the weight-group broadcast comes with the learner"
+                f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
+                "{'path': ...} or {'broadcast': WeightGroupSpec dict, 'rank': int}"
             )
         async with self._lock:
             if self._model is None:
                 raise EngineDead(f"engine {self.name} is not started")
             try:
-                await self._in_worker(self._load_weights, Path(spec["path"]))
+                await self._in_worker(work)
             except (OSError, RuntimeError, ValueError) as exc:
+                # A learner that did not show up in time may yet come: that one is worth retrying.
                 raise EngineError(
-                    f"engine {self.name}: weight update failed: {exc}", retryable=False
+                    f"engine {self.name}: weight update failed: {exc}",
+                    retryable=isinstance(exc, WeightGroupTimeout),
                 ) from exc
             self.policy_version = version
 
@@ -218,20 +239,59 @@ class HFEngine:
         state: dict[str, torch.Tensor] = {}
         for f in files:
             state.update(load_file(str(f)))
+        self._load_state(state, f"weights at {path}")
+
+    def _receive_weights(self, version: int, group: WeightGroupSpec, rank: int) -> None:
+        receiver = self._receiver
+        if receiver is not None and (receiver.spec != group or receiver.rank != rank):
+            self._close_receiver()  # the learner moved the group (a restart): join the new one
+            receiver = None
+        if receiver is None:
+            receiver = WeightReceiver()
+            receiver.open(group, rank)
+            self._receiver = receiver
+        try:
+            sent_version, state = receiver.receive()
+        except BaseException:
+            # A half-read broadcast leaves the group out of step (or the learner gone): rejoin next time.
+            self._close_receiver()
+            raise
+        if sent_version != version:
+            # This engine missed or reordered an update; loading these weights under another version
+            # would mislabel every sample they produce.
+            raise ValueError(f"{group.where} sent version {sent_version}, the engine was told {version}")
+        self._load_state(state, f"weights broadcast as version {version}")
+
+    def _close_receiver(self) -> None:
+        if self._receiver is not None:
+            self._receiver.close()
+            self._receiver = None
+
+    def _load_state(self, state: dict[str, torch.Tensor], what: str) -> None:
         model = self._model
-        with torch.no_grad():
-            missing, unexpected = model.load_state_dict(state, strict=False)
-        # A partial or misnamed state dict must not silently leave old weights in place; only a tied
-        # lm_head (Qwen3-VL 2B/4B tie it to the embeddings) may be absent from the file.
+        # Checked before anything is copied: `load_state_dict` would load the tensors that fit and only
+        # then complain, leaving a mix of old and new weights. A partial or misnamed state dict must not
+        # do that; only a tied lm_head (Qwen3-VL 2B/4B tie it to the embeddings) may be absent.
         tied = set(getattr(model, "_tied_weights_keys", None) or {})
         if not getattr(model.config, "tie_word_embeddings", False):
             tied = set()
-        missing = [k for k in missing if k not in tied]
+        own = model.state_dict()
+        missing = [k for k in own if k not in state and k not in tied]
+        unexpected = [k for k in state if k not in own]
         if missing or unexpected:
             raise ValueError(
-                f"weights at {path} do not match the model: missing {missing[:5]} ({len(missing)}), "
+                f"{what} do not match the model: missing {missing[:5]} ({len(missing)}), "
                 f"unexpected {unexpected[:5]} ({len(unexpected)})"
             )
+        wrong = [k for k, v in state.items() if v.shape != own[k].shape]
+        if wrong:
+            k = wrong[0]
+            raise ValueError(
+                f"{what} do not match the model: {len(wrong)} tensors of another shape, e.g. {k} "
+                f"{tuple(state[k].shape)} vs {tuple(own[k].shape)}"
+            )
+        with torch.no_grad():
+            model.load_state_dict(state, strict=False)
 
     # -- generation ---------------------------------------------------------------------------------
 

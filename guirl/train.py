@@ -1,0 +1,223 @@
+"""`guirl train`: RL mode (GRPO), decoupled IMPALA-style, end to end on a local cluster of processes.
+
+The coordinator runs in this process and admits GRPO groups under the staleness bound; the inference
+broker, the learner and W env workers run as supervised actor processes. Env workers keep acting on the
+latest weights they have while the learner trains; the learner publishes each new version to the broker
+(whose engines load it between batches) and to the coordinator (which then admits more episodes).
+`--sync` runs the same loop without overlap (max_staleness 0: a batch is played, then trained on, while
+the VMs wait), for comparison. Metrics per update go to `metrics.jsonl`; a progress line follows them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import msgspec
+
+from guirl.actors.coordinator import Coordinator
+from guirl.actors.process import ActorSpec
+from guirl.actors.supervisor import Supervisor
+from guirl.config import GuirlConfig, make_run_dir, save_resolved
+from guirl.errors import InputError
+from guirl.eval import EvalError, _start_or_explain, _write_json, resolve_checkpoint, vm_split
+from guirl.vmpool.tasks.suite import load_suite
+
+log = logging.getLogger(__name__)
+
+
+def _last_metrics(path: Path) -> dict[str, Any]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return {}
+    return json.loads(lines[-1]) if lines else {}
+
+
+def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: int, started: float) -> str:
+    snap = coord.snapshot()
+    elapsed = time.monotonic() - started
+    target = f"/{updates}" if updates else ""
+    parts = [
+        f"[train] version {coord.learner_version}{target}",
+        f"episodes {len(coord.ended)} (running {snap['running']}, env errors {snap['env_errors']})",
+        f"{snap['steps'] / elapsed if elapsed > 0 else 0.0:.2f} steps/s",
+    ]
+    if metrics:
+        m = metrics
+        parts.append(
+            f"last update: reward {m.get('reward_mean', 0):+.2f}, success {m.get('success_rate', 0):.0%}, "
+            f"clipfrac {m.get('clipfrac', 0):.3f}, lag {m.get('version_lag_mean', 0):.1f}, "
+            f"learner idle {m.get('learner_idle_frac', 0):.0%}"
+        )
+    parts.append(f"{elapsed:.0f} s")
+    return " · ".join(parts)
+
+
+async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir: Path, out: TextIO) -> None:
+    """Print progress until the learner has made its updates; fail if an actor cannot be kept up."""
+    started, last = time.monotonic(), ""
+    while True:
+        coord.progress.clear()
+        try:
+            await asyncio.wait_for(coord.progress.wait(), cfg.eval.progress_interval_s)
+        except TimeoutError:
+            pass
+        for e in sup.history:
+            if e.kind == "gave_up":
+                raise EvalError(f"actor {e.name} kept crashing ({e.detail}); see its log")
+            if e.kind == "completed" and e.name == "learner":
+                out.write(
+                    train_progress_line(coord, _last_metrics(run_dir / "metrics.jsonl"), 0, started) + "\n"
+                )
+                return
+        line = train_progress_line(
+            coord, _last_metrics(run_dir / "metrics.jsonl"), cfg.train.updates, started
+        )
+        if line.split(" · ")[:2] != last.split(" · ")[:2]:
+            out.write(line + "\n")
+            out.flush()
+        last = line
+
+
+async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
+    """Train until `train.updates` updates are made; returns (and writes) the summary."""
+    t, e = cfg.train, cfg.eval
+    if cfg.env.provider != "local":
+        raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
+    if cfg.inference.backend != "hf":
+        raise InputError(
+            f"inference.backend={cfg.inference.backend!r}: training needs the engine's token ids and "
+            'log-probs; use "hf" (the sglang backend is not built yet)'
+        )
+    if not t.updates:
+        raise InputError("train.updates must be set (> 0): the number of policy updates to make")
+    if t.sync:
+        cfg = msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, max_staleness=0))
+        t = cfg.train
+    tasks = load_suite(t.tasks)
+    ckpt = resolve_checkpoint(cfg)
+    run_dir = run_dir or make_run_dir(cfg)
+    save_resolved(cfg, run_dir)
+    r = cfg.rollout
+    started = time.monotonic()
+    mode = "sync" if t.sync else f"decoupled, max staleness {t.max_staleness}"
+    print(
+        f"[train] {len(tasks)} tasks from {t.tasks} · {r.batch_size} groups x {r.n_samples_per_prompt} "
+        f"samples per update · {t.updates} updates ({mode}) · run directory {run_dir}",
+        file=out,
+    )
+    coord = Coordinator(
+        "coordinator",
+        tasks=tasks,
+        mode="train",
+        n_samples=r.n_samples_per_prompt,
+        batch_size=r.batch_size,
+        max_staleness=t.max_staleness,
+        max_attempts=e.max_attempts,
+        max_steps=cfg.agent.max_steps,
+        seed=cfg.run.seed,
+        runtime=cfg.runtime,
+        codec=cfg.codec,
+        bind=[cfg.endpoints.coordinator],
+    )
+    coord_task = await coord.start()
+    try:
+        async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
+            broker = await _start_or_explain(
+                sup,
+                ActorSpec(
+                    name="broker",
+                    target="guirl.actors.broker:InferenceBroker",
+                    bind=[cfg.endpoints.broker],
+                    run_dir=str(run_dir),
+                    options={
+                        "inference": msgspec.to_builtins(cfg.inference),
+                        "ckpt": ckpt,
+                        "screen": [cfg.env.screen_width, cfg.env.screen_height],
+                        "coordinates": cfg.agent.coordinates,
+                    },
+                ),
+            )
+            learner = await _start_or_explain(
+                sup,
+                ActorSpec(
+                    name="learner",
+                    target="guirl.actors.learner:Learner",
+                    bind=[cfg.endpoints.learner],
+                    run_dir=str(run_dir),
+                    options={
+                        "train": msgspec.to_builtins(t),
+                        "ckpt": ckpt,
+                        "run_dir": str(run_dir),
+                        "n_samples": r.n_samples_per_prompt,
+                        "batch_size": r.batch_size,
+                        "temperature": cfg.agent.temperature,
+                        "broker": broker.endpoints[0],
+                        "coordinator": coord.endpoints[0],
+                        "seed": cfg.run.seed,
+                    },
+                ),
+            )
+            print("[train] broker and learner up", file=out)
+            vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
+            for i in range(e.workers):
+                await _start_or_explain(
+                    sup,
+                    ActorSpec(
+                        name=f"worker{i}",
+                        target="guirl.actors.env_worker:EnvWorker",
+                        run_dir=str(run_dir),
+                        options={
+                            "coordinator": coord.endpoints[0],
+                            "broker": broker.endpoints[0],
+                            "learner": learner.endpoints[0],
+                            "run_dir": str(run_dir),
+                            "agent": msgspec.to_builtins(cfg.agent),
+                            "env": msgspec.to_builtins(cfg.env),
+                            "vms": vms[i],
+                            "setup_timeout_s": e.setup_timeout_s,
+                            "policy_timeout_s": cfg.inference.request_timeout_s,
+                        },
+                    ),
+                )
+            print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
+            await _follow(coord, sup, cfg, run_dir, out)
+            await sup.stop_all()
+    finally:
+        coord.request_shutdown("train done")
+        await coord_task
+    elapsed = time.monotonic() - started
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    snap = coord.snapshot()
+    steps_trained = sum(m.get("samples", 0) for m in metrics)
+    summary = {
+        "run_dir": str(run_dir),
+        "mode": "train",
+        "sync": t.sync,
+        "checkpoint": ckpt,
+        "seconds": round(elapsed, 2),
+        "updates": len(metrics),
+        "final_version": metrics[-1]["version"] if metrics else 0,
+        "episodes": len(coord.ended),
+        "env_errors": snap["env_errors"],
+        "env_steps": snap["steps"],
+        "samples_trained": steps_trained,
+        "samples_per_s": round(steps_trained / elapsed, 3) if elapsed > 0 else 0.0,
+        "reward_mean_by_update": [m.get("reward_mean") for m in metrics],
+        "learner_idle_frac": metrics[-1].get("learner_idle_frac") if metrics else None,
+    }
+    _write_json(run_dir / "summary.json", summary)
+    print(
+        f"[train] {summary['updates']} updates (version {summary['final_version']}) in {elapsed:.1f} s · "
+        f"{summary['episodes']} episodes, {summary['env_steps']} env steps, {steps_trained} samples trained "
+        f"({summary['samples_per_s']}/s) · rewards by update {summary['reward_mean_by_update']}",
+        file=out,
+    )
+    print(f"[train] metrics: {run_dir / 'metrics.jsonl'} · summary: {run_dir / 'summary.json'}", file=out)
+    return summary
