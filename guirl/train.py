@@ -161,6 +161,7 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
                         "broker": broker.endpoints[0],
                         "coordinator": coord.endpoints[0],
                         "seed": cfg.run.seed,
+                        "engines": cfg.inference.engines,
                     },
                 ),
             )

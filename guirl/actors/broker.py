@@ -426,10 +426,19 @@ class InferenceBroker(Actor):
             queue.changed.set()
 
     async def _update_weights(self, msg: WeightsPublished) -> None:
-        spec = {"path": msg.path} if msg.path else {"broadcast": True, "n_tensors": msg.n_tensors}
-        for queue in self.models.values():
-            for slot in queue.slots:
-                async with slot.lock:  # between batches
-                    await slot.engine.update_weights(msg.version, spec)
+        """Every engine takes the new weights between its batches: from a path, or by joining the
+        learner's weight group (rank 1.. in engine order), all at once, since a broadcast completes only
+        when every member has joined."""
+        slots = [slot for queue in self.models.values() for slot in queue.slots]
+
+        async def one(rank: int, slot: _EngineSlot) -> None:
+            if msg.weight_group:
+                spec: dict[str, Any] = {"broadcast": msg.weight_group, "rank": rank}
+            else:
+                spec = {"path": msg.path}
+            async with slot.lock:  # between batches
+                await slot.engine.update_weights(msg.version, spec)
+
+        await asyncio.gather(*(one(rank, slot) for rank, slot in enumerate(slots, start=1)))
         self.policy_version = msg.version
         self.counters["weights.updates"] += 1

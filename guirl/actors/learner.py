@@ -51,6 +51,7 @@ class Learner(Actor):
         coordinator: str = "",
         device: str = "cpu",
         seed: int = 0,
+        engines: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -62,6 +63,9 @@ class Learner(Actor):
         self.broker_ep, self.coordinator_ep = broker, coordinator
         self.device = device
         self.seed = seed
+        self.engines = engines  # broker engines that join the weight group
+        self._group: Any = None  # the open WeightGroupSpec, once the first broadcast has set it up
+        self._sender: Any = None
         self.version = 0
         self.updates_done = asyncio.Event()
         self._arrived = asyncio.Event()
@@ -93,6 +97,8 @@ class Learner(Actor):
         log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
 
     async def teardown(self) -> None:
+        if self._sender is not None and self._executor is not None:
+            await self._torch(self._sender.close)
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
 
@@ -230,19 +236,68 @@ class Learner(Actor):
     # -- weights out ---------------------------------------------------------------------------------
 
     async def _publish(self) -> float:
-        """Make the new weights the engines' and tell the coordinator; returns the seconds it took."""
+        """Make the new weights the engines' and tell the coordinator; returns the seconds it took.
+
+        `broadcast`: the broker's engines join the learner's weight group and receive the state dict
+        (SGLang's update_weights_from_distributed pattern); if that fails, the disk path serves this
+        version and a fresh group is set up next time. `disk`: a safetensors file the engines load."""
         started = time.monotonic()
-        path = await self._torch(self._save_weights, self.version)
-        msg = WeightsPublished(version=self.version, learner_step=self.version, path=str(path))
-        for conn in (self.broker, self.coord):
-            if conn is None:
-                continue
-            try:
-                await conn.request(msg, timeout=self.runtime.request_timeout_s)
-            except ActorError as exc:  # the broker restarting: it loads the latest weights when back
-                self.counters["publish.failed"] += 1
-                log.warning("could not tell %s about version %d: %s", conn.name, self.version, exc)
+        done = False
+        if self.cfg.weight_sync == "broadcast" and self.broker is not None:
+            done = await self._broadcast()
+        if not done:
+            path = await self._torch(self._save_weights, self.version)
+            await self._tell(self.broker, WeightsPublished(version=self.version, path=str(path)))
+        await self._tell(self.coord, WeightsPublished(version=self.version, learner_step=self.version))
         return time.monotonic() - started
+
+    async def _tell(self, conn: Any, msg: WeightsPublished) -> bool:
+        if conn is None:
+            return True
+        try:
+            await conn.request(msg, timeout=self.runtime.request_timeout_s)
+            return True
+        except ActorError as exc:  # the broker restarting: it is told again at the next version
+            self.counters["publish.failed"] += 1
+            log.warning("could not tell %s about version %d: %s", conn.name, self.version, exc)
+            return False
+
+    async def _broadcast(self) -> bool:
+        from guirl.learner.weights import WeightGroupSpec, WeightSender, WeightSyncError
+
+        if self._group is None:
+            self._group = WeightGroupSpec(
+                host="127.0.0.1",
+                port=_free_port(),
+                world_size=1 + self.engines,
+                timeout_s=min(120.0, self.runtime.request_timeout_s),
+            )
+            self._sender = WeightSender()
+        msg = WeightsPublished(
+            version=self.version, learner_step=self.version, weight_group=self._group.to_dict()
+        )
+        told = asyncio.create_task(self._tell(self.broker, msg))  # the engines join while we send
+        try:
+            stats = await self._torch(self._send, self.version)
+            ok = await told
+        except WeightSyncError as exc:
+            told.cancel()
+            log.warning(
+                "weight broadcast of version %d failed (%s); the engines load it from disk", self.version, exc
+            )
+            self.counters["publish.broadcast_failed"] += 1
+            await self._torch(self._sender.close)
+            self._group = self._sender = None
+            return False
+        self.counters["publish.broadcast_bytes"] += stats.nbytes
+        self.last_broadcast_s = stats.seconds
+        return ok
+
+    def _send(self, version: int) -> Any:
+        if not self._sender.is_open:
+            self._sender.open(self._group)
+        state = {k: v.detach() for k, v in self.model.state_dict().items()}
+        return self._sender.broadcast(state, version)
 
     def _save_weights(self, version: int) -> Path:
         """The state dict as safetensors under `weights/v<version>/`, written whole then renamed into place;
@@ -269,3 +324,11 @@ class Learner(Actor):
     def _log_metrics(self, metrics: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"time": round(time.time(), 3), **metrics}) + "\n")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

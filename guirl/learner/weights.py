@@ -247,6 +247,10 @@ class WeightSender:
     def __init__(self) -> None:
         self._group: _Group | None = None
 
+    @property
+    def is_open(self) -> bool:
+        return self._group is not None
+
     def open(self, spec: WeightGroupSpec) -> None:
         """Create the store (as its master) and the group; fails with `WeightGroupTimeout` when the
         engines do not all join within `spec.timeout_s`."""

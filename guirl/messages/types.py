@@ -376,3 +376,6 @@ class WeightsPublished(Message):
     path: str = ""
     n_tensors: int = 0
     nbytes: int = 0
+    weight_group: dict[str, Any] = {}
+    """Join this weight group (a `WeightGroupSpec` as a dict; engine i takes rank i + 1) to receive the
+    broadcast, instead of loading from `path`."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from guirl.actors.broker import InferenceBroker
 from guirl.actors.learner import Learner
 from guirl.config.schema import InferenceConfig
@@ -55,7 +57,8 @@ def _trajectory(i: int, reply: PolicyResponse, reward: float) -> Trajectory:
     )
 
 
-def test_one_update_reaches_the_engines(tmp_path):
+@pytest.mark.parametrize("weight_sync", ["broadcast", "disk"])
+def test_one_update_reaches_the_engines(tmp_path, weight_sync):
     cfg = fast_config()
     ckpt = str(ensure_tiny_checkpoint(tmp_path / "tiny"))
 
@@ -70,7 +73,7 @@ def test_one_update_reaches_the_engines(tmp_path):
         broker_task = await broker.start()
         learner = Learner(
             "learner",
-            train={"lr": 1e-3, "updates": 1, "tis_cap": 2.0},
+            train={"lr": 1e-3, "updates": 1, "tis_cap": 2.0, "weight_sync": weight_sync},
             ckpt=ckpt,
             run_dir=str(tmp_path / "run"),
             n_samples=2,
@@ -92,18 +95,21 @@ def test_one_update_reaches_the_engines(tmp_path):
                 assert isinstance(await to_learner.request(_trajectory(1, replies[1], -1.0)), Ack)
                 await asyncio.wait_for(learner.updates_done.wait(), 60)
                 after = await policy.request(_ask(5))
-                return after
+                return after, learner.counters.snapshot()
         finally:
             for actor, task in ((learner, learner_task), (broker, broker_task)):
                 actor.request_shutdown("test done")
                 await asyncio.wait_for(task, 30)
 
-    after = run(scenario(), timeout=180)
+    after, counters = run(scenario(), timeout=180)
     assert after.policy_version == 1  # the engine serves the learner's first update
     (line,) = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     m = json.loads(line)
     assert m["version"] == 1 and m["trajectories"] == 2 and m["groups"] == 1 and m["reward_mean"] == 0.0
     assert m["samples"] == 2 and m["tokens"] > 0 and m["grad_norm"] > 0 and 0 <= m["learner_idle_frac"] <= 1
     assert m["buffer.trajectories.duplicate"] == 1
-    weights = list((tmp_path / "run" / "weights").iterdir())
-    assert [w.name for w in weights] == ["v000001"]
+    if weight_sync == "broadcast":  # over the weight group: nothing written to disk
+        assert counters["publish.broadcast_bytes"] > 0 and not (tmp_path / "run" / "weights").exists()
+    else:
+        assert [w.name for w in (tmp_path / "run" / "weights").iterdir()] == ["v000001"]
+    assert counters.get("publish.failed", 0) == 0
