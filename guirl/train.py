@@ -189,6 +189,7 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
                 )
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             await _follow(coord, sup, cfg, run_dir, out)
+            coord.finish()
             await sup.stop_all()
     finally:
         coord.request_shutdown("train done")

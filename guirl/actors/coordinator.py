@@ -129,6 +129,7 @@ class Coordinator(Actor):
         self.all_done = asyncio.Event()
         self.started = time.monotonic()
         self._seq = 0
+        self.closing = False  # the run is ending: no more work, and workers leaving is expected
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -180,7 +181,15 @@ class Coordinator(Actor):
             self.admitted += self.n_samples
         return ""
 
+    def finish(self) -> None:
+        """The run is over (train mode: the learner made its updates): hand out nothing more; episodes
+        still running end `aborted` ("run ended") when their workers go."""
+        self.closing = True
+        self.todo.clear()
+
     def _assign(self, peer: str, worker: str) -> Message:
+        if self.closing:
+            return NoWork(retry_after_s=0.0, reason="done")
         why = self._refill() if not self.todo else ""
         if not self.todo:
             if why == "staleness":
@@ -267,6 +276,12 @@ class Coordinator(Actor):
     def on_peer_dead(self, name: str, error: Exception) -> None:
         """A worker vanished (or left) with episodes running: they end `retried` (an environment fault)."""
         lost = [eid for eid, run in self.running.items() if run.peer == name]
+        if self.closing:
+            for eid in lost:
+                self.counters["episodes.cut_by_end"] += 1
+                self.ended[eid] = EpisodeEnded(episode_id=eid, status="aborted", reason="run ended")
+                del self.running[eid]
+            return
         for eid in lost:
             self.counters["episodes.worker_lost"] += 1
             self._end(

@@ -5,7 +5,8 @@ A group is `n_samples` attempts of one task (one `group_id`). The learner trains
 group that loses members (environment errors that exhausted their retries, a worker that died) waits at
 most `group_timeout_s`, then trains on what it has (`partial="train"`, if it still has two members) or is
 dropped (`partial="drop"`), and either way it is counted. A trajectory arriving twice (a retried delivery)
-is acknowledged and ignored. A step sample more than `max_staleness` versions behind the learner when
+is acknowledged and ignored, and so is one for a group already settled (another attempt of a sample it
+already has). A step sample more than `max_staleness` versions behind the learner when
 its batch is taken is dropped and counted (the coordinator's admission bound keeps that rare).
 
 Pure bookkeeping, no torch and no sockets: the learner actor feeds it and takes batches from it.
@@ -70,6 +71,7 @@ class TrajectoryBuffer:
         self.pending: dict[str, Group] = {}
         self.ready: list[Group] = []  # complete (or timed out and kept), in order of readiness
         self.seen: set[str] = set()  # episode ids ever accepted (a redelivery is ignored)
+        self.settled: set[str] = set()  # groups handed on or dropped: a late member is not a new group
         self.counts: Counter[str] = Counter()
 
     def add(self, traj: Trajectory) -> bool:
@@ -83,6 +85,11 @@ class TrajectoryBuffer:
         if not 0 <= traj.sample_index < self.n_samples:
             self.counts["trajectories.bad_sample_index"] += 1
             return False
+        if traj.group_id in self.settled:
+            # e.g. a worker declared dead whose episode finished anyway, after its retry had filled the
+            # group: its sample is a second attempt of one already trained on, so it is not trained on
+            self.counts["trajectories.late"] += 1
+            return False
         self.seen.add(traj.episode_id)
         self.counts["trajectories.accepted"] += 1
         group = self.pending.get(traj.group_id)
@@ -94,6 +101,7 @@ class TrajectoryBuffer:
         group.members[traj.sample_index] = traj
         if group.complete(self.n_samples):
             self.ready.append(self.pending.pop(traj.group_id))
+            self.settled.add(traj.group_id)
             self.counts["groups.complete"] += 1
         return True
 
@@ -103,6 +111,7 @@ class TrajectoryBuffer:
         expired = [g for g in self.pending.values() if now - g.first_seen >= self.group_timeout_s]
         for g in expired:
             del self.pending[g.group_id]
+            self.settled.add(g.group_id)
             if self.partial == "train" and len(g.members) >= 2:
                 self.ready.append(g)
                 self.counts["groups.partial_trained"] += 1

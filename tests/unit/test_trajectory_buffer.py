@@ -80,9 +80,9 @@ def test_a_group_that_loses_members_times_out(partial, trained):
     else:
         assert batch is None and s["groups.partial_dropped"] == 2
         assert s["trajectories.dropped_with_group"] == 3
-    # a late member of a settled group starts a new (incomplete) group: it is never silently merged
-    buf.add(_traj("e4", "g", 1))
-    assert buf.state()["pending_groups"] == 1
+    # a late member of a settled group is refused and counted: never a new group of the same id
+    assert not buf.add(_traj("e4", "g", 1))
+    assert buf.state()["pending_groups"] == 0 and buf.state()["trajectories.late"] == 1
 
 
 def test_stale_steps_are_dropped_and_counted():
@@ -101,3 +101,13 @@ def test_a_group_entirely_stale_is_dropped():
     buf.add(_traj("e1", "g", 0, versions=(1,)))
     batch = buf.take(1, learner_version=2)
     assert batch.groups == [] and buf.state()["groups.all_stale"] == 1
+
+
+def test_a_retried_sample_that_arrives_after_its_group_filled_is_not_trained_twice():
+    """A worker declared dead finishes its episodes anyway and delivers them; their retries deliver too.
+    The group trains once, on the first arrivals, and never becomes a group of four."""
+    buf = TrajectoryBuffer(n_samples=2)
+    assert buf.add(_traj("ep1", "g@0", 0)) and buf.add(_traj("ep2", "g@0", 1))
+    assert not buf.add(_traj("ep3", "g@0", 0)) and not buf.add(_traj("ep4", "g@0", 1))
+    batch = buf.take(1, 0)
+    assert [t.episode_id for t in batch.trajectories] == ["ep1", "ep2"] and buf.take(1, 0) is None
