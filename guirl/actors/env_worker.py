@@ -36,6 +36,7 @@ from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
 from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
 from guirl.config.schema import AgentConfig, EnvConfig
+from guirl.learner.rewards import outcome_reward
 from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel
 from guirl.messages.types import (
     ChatMessage,
@@ -325,8 +326,6 @@ class EnvWorker(Actor):
     async def _deliver(self, episode: _Episode) -> None:
         """Send a finished episode's samples to the learner (it ignores a repeat, so this may be retried).
         A trajectory that cannot be delivered is an environment error: the episode is played again."""
-        from guirl.learner.advantages import outcome_reward
-
         if self.learner is None:
             raise EnvFault("a train-mode episode, but this worker has no learner to send it to")
         ep = episode.ep

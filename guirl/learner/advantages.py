@@ -6,12 +6,13 @@ numbers worked out by hand in `tests/unit/test_advantages.py`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from guirl.learner.rewards import outcome_reward  # noqa: F401  (re-exported: the reward's home)
 
 __all__ = [
     "GroupAdvantages",
@@ -35,19 +36,6 @@ class GroupAdvantages:
     """Groups whose rewards are all equal (size-1 groups included): zero advantage, zero gradient."""
     groups: int
     """Distinct groups in the batch."""
-
-
-def outcome_reward(score: float | None, *, success_threshold: float = 1.0) -> float:
-    """Evaluator score to the seed's outcome reward: +1 if `score >= success_threshold`, else -1.
-
-    An unscored episode (None, or NaN) raises ValueError: an environment error must never be
-    trained on as a policy failure (one of the seed's defects, see NOTES "The seed system").
-    """
-    if score is None:
-        raise ValueError("episode has no evaluator score; an unscored episode cannot become a reward")
-    if math.isnan(score):
-        raise ValueError("evaluator score is NaN; an unscored episode cannot become a reward")
-    return 1.0 if score >= success_threshold else -1.0
 
 
 def grpo_advantages(

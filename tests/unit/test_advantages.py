@@ -172,3 +172,13 @@ def test_broadcast_to_tokens_zero_outside_the_response() -> None:
 def test_broadcast_to_tokens_checks_shapes() -> None:
     with pytest.raises(ValueError):
         broadcast_to_tokens(torch.tensor([1.0, 2.0]), torch.ones(3, 4))
+
+
+def test_env_workers_do_not_import_torch():
+    """An env worker maps scores to rewards on its event loop; importing torch there would stall it for
+    seconds (heartbeats missed, the worker declared dead)."""
+    import subprocess
+    import sys
+
+    code = "import sys, guirl.actors.env_worker; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
