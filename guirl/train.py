@@ -43,8 +43,14 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
     snap = coord.snapshot()
     elapsed = time.monotonic() - started
     target = f"/{updates}" if updates else ""
+    util = (
+        snap["episode_s"] / (snap["slots"] * snap["elapsed_s"])
+        if snap["slots"] and snap["elapsed_s"]
+        else 0.0
+    )
     parts = [
         f"[train] version {coord.learner_version}{target}",
+        f"env utilisation {util:.0%}",
         f"episodes {len(coord.ended)} (running {snap['running']}, env errors {snap['env_errors']})",
         f"{snap['steps'] / elapsed if elapsed > 0 else 0.0:.2f} steps/s",
     ]
@@ -198,6 +204,9 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     snap = coord.snapshot()
     steps_trained = sum(m.get("samples", 0) for m in metrics)
+    # VM time spent in episodes over the VM time there was (from the first worker's registration)
+    vm_time = snap["slots"] * max(1e-9, snap["elapsed_s"])
+    env_utilisation = round(min(1.0, snap["episode_s"] / vm_time), 4) if snap["slots"] else None
     summary = {
         "run_dir": str(run_dir),
         "mode": "train",
@@ -213,6 +222,7 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
         "samples_per_s": round(steps_trained / elapsed, 3) if elapsed > 0 else 0.0,
         "reward_mean_by_update": [m.get("reward_mean") for m in metrics],
         "learner_idle_frac": metrics[-1].get("learner_idle_frac") if metrics else None,
+        "env_utilisation": env_utilisation,
     }
     _write_json(run_dir / "summary.json", summary)
     print(

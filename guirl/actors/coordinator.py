@@ -306,4 +306,6 @@ class Coordinator(Actor):
             "env_errors": sum(1 for e in self.ended.values() if e.env_error),
             "steps": sum(e.steps for e in self.ended.values()),
             "elapsed_s": time.monotonic() - self.started,
+            "episode_s": sum(e.seconds for e in self.ended.values()),
+            "slots": sum(w.capacity for w in self.workers.values()),
         }
