@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
+import os
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from guirl.actors.base import Actor, Request
@@ -94,6 +97,7 @@ class Coordinator(Actor):
         batch_size: int = 1,
         max_staleness: int = 0,
         max_groups: int = 0,
+        state_path: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -130,6 +134,9 @@ class Coordinator(Actor):
         self.started = time.monotonic()
         self._seq = 0
         self.closing = False  # the run is ending: no more work, and workers leaving is expected
+        self.state_path = Path(state_path) if state_path else None
+        self.admitted_groups: dict[str, str] = {}  # group id -> task id, in admission order (train mode)
+        self.reissued = 0
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -147,6 +154,7 @@ class Coordinator(Actor):
                 if version > self.learner_version:
                     self.learner_version = version
                     self.counters["learner.version"] = version
+                    self.save_state()
                 return Ack(note=f"{self.admission_limit()} episodes may be admitted")
         return await super().handle(req)
 
@@ -179,7 +187,53 @@ class Coordinator(Actor):
             self.groups += 1
             self.todo.extend(_Todo(task, s, 0, group) for s in range(self.n_samples))
             self.admitted += self.n_samples
+            self.admitted_groups[group] = task.task_id
+            self.save_state()  # the cursor moved: a resumed run must know this group was handed out
         return ""
+
+    # -- resuming -----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What a resumed run needs to carry on the schedule: the cursor and the groups handed out."""
+        return {
+            "seq": self._seq,
+            "groups": self.groups,
+            "epoch": self._epoch,
+            "order": [t.task_id for t in self._order],
+            "learner_version": self.learner_version,
+            "admitted_groups": self.admitted_groups,
+        }
+
+    def save_state(self) -> None:
+        if self.state_path is None or self.mode != "train":
+            return
+        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
+        tmp.write_text(json.dumps(self.state()))
+        os.replace(tmp, self.state_path)
+
+    def restore(self, state: dict[str, Any], trained_groups: set[str], version: int) -> int:
+        """Carry on from a saved state and the learner checkpoint it resumes at `version`: every group
+        handed out but not trained by that checkpoint is handed out again (its episodes were in flight,
+        or their trajectories died with the learner); returns how many groups that is."""
+        by_id = {t.task_id: t for t in self.tasks}
+        self._seq, self.groups, self._epoch = state["seq"], state["groups"], state["epoch"]
+        self._order = [by_id[i] for i in state["order"] if i in by_id]
+        self.learner_version = version
+        self.admitted_groups = dict(state["admitted_groups"])
+        again = [g for g in self.admitted_groups if g not in trained_groups]
+        for group in again:
+            task = by_id.get(self.admitted_groups[group])
+            if task is None:  # the task list changed under a resumed run: say so, do not guess
+                raise ValueError(
+                    f"group {group}: task {self.admitted_groups[group]!r} is not in the task list"
+                )
+            self.todo.extend(_Todo(task, s, 0, group) for s in range(self.n_samples))
+        # what the bound counts: the trained groups, plus the re-issued ones in the queue
+        self.admitted = (len(self.admitted_groups)) * self.n_samples
+        self.reissued = len(again)
+        self.counters["groups.reissued"] = len(again)
+        self.save_state()
+        return len(again)
 
     def finish(self) -> None:
         """The run is over (train mode: the learner made its updates): hand out nothing more; episodes

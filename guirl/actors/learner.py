@@ -52,6 +52,7 @@ class Learner(Actor):
         device: str = "cpu",
         seed: int = 0,
         engines: int = 1,
+        resume_from: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -67,6 +68,9 @@ class Learner(Actor):
         self._group: Any = None  # the open WeightGroupSpec, once the first broadcast has set it up
         self._sender: Any = None
         self.version = 0
+        self.resume_from = Path(resume_from) if resume_from else None
+        self.trained_groups: set[str] = set()
+        self.trained_episodes: set[str] = set()
         self.updates_done = asyncio.Event()
         self._arrived = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
@@ -94,6 +98,9 @@ class Learner(Actor):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner-{self.name}")
         await self._torch(self._load)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.resume_from is not None:
+            # the engines start from the original checkpoint: give them the resumed weights first
+            await self._publish()
         log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
 
     async def teardown(self) -> None:
@@ -112,16 +119,19 @@ class Learner(Actor):
         from guirl.inference.chat import ChatRenderer
 
         torch.manual_seed(self.seed)
-        if not Path(self.ckpt, "config.json").is_file():
-            raise FatalError(f"{self.ckpt!r} is not a checkpoint directory (no config.json)")
+        weights = self.resume_from / "model" if self.resume_from is not None else Path(self.ckpt)
+        if not (weights / "config.json").is_file():
+            raise FatalError(f"{str(weights)!r} is not a checkpoint directory (no config.json)")
         self.model = Qwen3VLForConditionalGeneration.from_pretrained(
-            self.ckpt, local_files_only=True, torch_dtype=torch.float32
+            weights, local_files_only=True, torch_dtype=torch.float32
         ).to(self.device)
         self.model.train()
         self.renderer = ChatRenderer.load(self.ckpt)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
         )
+        if self.resume_from is not None:
+            self._restore(self.resume_from)
 
     # -- trajectories in -----------------------------------------------------------------------------
 
@@ -159,6 +169,9 @@ class Learner(Actor):
                 **{f"buffer.{k}": v for k, v in self.buffer.state().items()},
             )
             self._log_metrics(metrics)
+            last = bool(cfg.updates) and self.version >= cfg.updates
+            if (cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0) or last:
+                await self._torch(self._checkpoint)
         self.updates_done.set()
 
     async def _collect(self) -> Any:
@@ -181,6 +194,8 @@ class Learner(Actor):
         from guirl.learner.samples import samples_from_trajectory
 
         trajs = batch.trajectories
+        self.trained_groups.update(g.group_id for g in batch.groups)
+        self.trained_episodes.update(t.episode_id for t in trajs)
         rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
         adv = grpo_advantages(rewards, [t.group_id for t in trajs])
         samples, unusable = [], 0
@@ -232,6 +247,61 @@ class Learner(Actor):
             temperature=self.temperature if self.temperature > 0 else 1.0,
             max_grad_norm=c.grad_clip,
         )
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+
+    def _checkpoint(self) -> Path:
+        """`checkpoints/v<version>/`: the model in Hugging Face format (loadable by transformers, with
+        the tokenizer and image processor), the optimizer, the RNG states, and `learner.json` (version,
+        groups and episodes trained) written last; built in a temporary directory and renamed into place,
+        so a kill mid-write leaves the previous checkpoint the latest complete one."""
+        import random
+
+        import torch
+
+        root = self.run_dir / "checkpoints"
+        final, tmp = root / f"v{self.version:06d}", root / f".v{self.version:06d}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp / "model", safe_serialization=True)
+        self.renderer.tokenizer.save_pretrained(tmp / "model")
+        self.renderer.image_processor.save_pretrained(tmp / "model")
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        version, internal, gauss = random.getstate()
+        rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
+        torch.save(rng, tmp / "rng.pt")
+        learner = {
+            "version": self.version,
+            "trained_groups": sorted(self.trained_groups),
+            "trained_episodes": sorted(self.trained_episodes),
+            "buffer": self.buffer.state(),
+        }
+        (tmp / "learner.json").write_text(json.dumps(learner))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in sorted(root.glob("v*"))[:-2]:  # keep the last two
+            shutil.rmtree(old, ignore_errors=True)
+        self.counters["checkpoints"] += 1
+        return final
+
+    def _restore(self, ckpt: Path) -> None:
+        import random
+
+        import torch
+
+        state = json.loads((ckpt / "learner.json").read_text())
+        self.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+        rng = torch.load(ckpt / "rng.pt", weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        version, internal, gauss = rng["python"]
+        random.setstate((version, tuple(internal), gauss))
+        self.version = int(state["version"])
+        self.trained_groups = set(state["trained_groups"])
+        self.trained_episodes = set(state["trained_episodes"])
+        # a group trained before the checkpoint is settled: a straggler of it is never trained again
+        self.buffer.settled.update(self.trained_groups)
+        self.buffer.seen.update(self.trained_episodes)
+        log.info("resumed from %s at version %d", ckpt, self.version)
 
     # -- weights out ---------------------------------------------------------------------------------
 
@@ -315,6 +385,7 @@ class Learner(Actor):
         ):
             state.pop("lm_head.weight", None)  # shared with the embeddings; the loader ties it back
         save_file(state, str(tmp / "model.safetensors"))
+        shutil.rmtree(final, ignore_errors=True)  # a resumed run publishes its version again
         os.replace(tmp, final)
         for old in root.glob("v*"):
             if old != final and old.name < final.name:
@@ -332,3 +403,9 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a run (a directory renamed into place has its learner.json)."""
+    found = sorted(p for p in Path(run_dir, "checkpoints").glob("v*") if (p / "learner.json").is_file())
+    return found[-1] if found else None

@@ -1,0 +1,191 @@
+"""RL mode decoupled (IMPALA-style, max staleness 1) vs `--sync` (rollout, then train), side by side in one
+run: `guirl.train.run_train` in this process on configs/local_rl.toml, with the tiny Qwen3-VL (built once,
+offline), the local training suite on local desktops, and an injected VM step delay
+(`agent.sleep_after_action_s`) so that acting is slow next to the learner's step, as it is with real VMs.
+Both modes get the same seed, tasks, batch shape, VMs and number of updates; with more than one round
+the modes alternate, so the machine's drift hits both alike.
+
+Reports per mode: trained step samples per second of wall time (the run's summary: from the start of
+`run_train`, actor start-up included; and the steady state between the first and the last update),
+environment utilisation (episode VM time over the VM time there was), the learner's idle fraction, wall
+seconds and updates. Then the async/sync ratio and whether the issue's targets hold (async >= 1.5x sync
+samples/s, async env utilisation >= 80 %). Prints a table, then one line of JSON.
+
+    python bench/async_vs_sync.py [--quick] [--rounds N] [--delay S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import uvloop  # noqa: E402
+
+from guirl.config import load_config  # noqa: E402
+from guirl.log import setup_logging  # noqa: E402
+from guirl.model.tiny import ensure_tiny_checkpoint  # noqa: E402
+from guirl.train import run_train  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "local_rl.toml"
+MODES = {"async": "train.sync=false", "sync": "train.sync=true"}
+TARGET_RATIO = 1.5
+TARGET_UTILISATION = 0.8
+
+
+def overrides(ckpt: str, root: Path, updates: int, delay_s: float, staleness: int) -> list[str]:
+    """The settings both modes share (the mode's own `train.sync` is added per run)."""
+    return [
+        f"model.hf_ckpt={ckpt}",
+        f"run.root_dir={root}",
+        "run.seed=0",
+        f"train.updates={updates}",
+        f"train.max_staleness={staleness}",  # `sync` forces 0 whatever this says
+        "train.checkpoint_every=0",
+        "rollout.batch_size=2",  # 2 groups x 2 samples: 4 episodes per update
+        "rollout.n_samples_per_prompt=2",
+        "env.max_envs=4",  # one VM per episode of an update
+        "env.prewarm_envs=4",
+        "eval.workers=1",
+        "agent.max_steps=2",
+        f"agent.sleep_after_action_s={delay_s}",  # the injected VM step delay
+        "logging.level=WARNING",
+    ]
+
+
+def steady_samples_per_s(metrics: list[dict[str, Any]]) -> float | None:
+    """Samples of updates 2..N over the wall time from update 1 to update N (start-up left out)."""
+    if len(metrics) < 2:
+        return None
+    span = metrics[-1]["time"] - metrics[0]["time"]
+    return round(sum(m["samples"] for m in metrics[1:]) / span, 3) if span > 0 else None
+
+
+def one_run(mode: str, shared: list[str], log: io.StringIO) -> dict[str, Any]:
+    cfg = load_config(CONFIG, env={}, overrides=[*shared, MODES[mode]])
+    t = time.perf_counter()
+    summary = uvloop.run(run_train(cfg, out=log))
+    wall = time.perf_counter() - t
+    metrics = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    return {
+        "samples_per_s": summary["samples_per_s"],
+        "steady_samples_per_s": steady_samples_per_s(metrics),
+        "env_utilisation": summary["env_utilisation"],
+        "learner_idle_frac": summary["learner_idle_frac"],
+        "wall_s": round(wall, 1),
+        "updates": summary["updates"],
+        "samples_trained": summary["samples_trained"],
+        "episodes": summary["episodes"],
+        "env_errors": summary["env_errors"],
+        # where the learner's time goes, per update: waiting for a batch, training, publishing weights
+        "collect_s_mean": round(statistics.mean(m["collect_s"] for m in metrics), 2) if metrics else None,
+        "update_s_mean": round(statistics.mean(m["update_s"] for m in metrics), 2) if metrics else None,
+        "publish_s_mean": round(statistics.mean(m["publish_s"] for m in metrics), 2) if metrics else None,
+        "version_lag_mean": (
+            round(statistics.mean(m["version_lag_mean"] for m in metrics), 3) if metrics else None
+        ),
+    }
+
+
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure, the median over rounds (a single round: that round's figures)."""
+    out: dict[str, Any] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = round(statistics.median(values), 4) if values else None
+    return out
+
+
+def run(quick: bool, rounds: int, delay_s: float, staleness: int) -> dict[str, Any]:
+    updates = 2 if quick else 4
+    setup_logging("bench", level="WARNING")
+    started = time.perf_counter()
+    log = io.StringIO()
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="guirl-bench-") as tmp:
+        ckpt = str(ensure_tiny_checkpoint(Path(tmp) / "tiny"))
+        shared = overrides(ckpt, Path(tmp) / "runs", updates, delay_s, staleness)
+        for r in range(rounds):
+            order = list(MODES) if r % 2 == 0 else list(reversed(MODES))  # interleaved, alternating
+            for mode in order:
+                try:
+                    results[mode].append(one_run(mode, shared, log))
+                except Exception:
+                    sys.stderr.write(log.getvalue()[-4000:])
+                    raise
+                print(f"round {r + 1}/{rounds} {mode}: {json.dumps(results[mode][-1])}", file=sys.stderr)
+    figures = {m: median_of(runs) for m, runs in results.items()}
+    a, s = figures["async"], figures["sync"]
+    ratio = round(a["samples_per_s"] / s["samples_per_s"], 2) if s["samples_per_s"] else None
+    steady = (
+        round(a["steady_samples_per_s"] / s["steady_samples_per_s"], 2)
+        if a["steady_samples_per_s"] and s["steady_samples_per_s"]
+        else None
+    )
+    util = a["env_utilisation"]
+    return {
+        "bench": "async_vs_sync",
+        "setup": {
+            "updates": updates,
+            "rounds": rounds,
+            "vm_step_delay_s": delay_s,
+            "max_staleness_async": staleness,
+            "episodes_per_update": 4,
+            "max_steps": 2,
+            "vms": 4,
+            "cpus": os.cpu_count(),
+        },
+        "async": a,
+        "sync": s,
+        "samples_per_s_ratio": ratio,
+        "steady_samples_per_s_ratio": steady,
+        "target_ratio_met": ratio is not None and ratio >= TARGET_RATIO,
+        "target_utilisation_met": util is not None and util >= TARGET_UTILISATION,
+        "bench_wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 updates per run instead of 4 (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=1, help="runs per mode, interleaved (default 1)")
+    parser.add_argument("--delay", type=float, default=0.75, help="injected VM step delay, s (default 0.75)")
+    parser.add_argument("--staleness", type=int, default=1, help="max staleness of the async run (default 1)")
+    args = parser.parse_args()
+    result = run(args.quick, max(1, args.rounds), args.delay, args.staleness)
+    rows = (
+        ("samples/s (summary)", "samples_per_s"),
+        ("samples/s (steady)", "steady_samples_per_s"),
+        ("env utilisation", "env_utilisation"),
+        ("learner idle frac", "learner_idle_frac"),
+        ("wall s", "wall_s"),
+        ("updates", "updates"),
+        ("collect s/update", "collect_s_mean"),
+        ("update s/update", "update_s_mean"),
+        ("publish s/update", "publish_s_mean"),
+        ("version lag", "version_lag_mean"),
+    )
+    print(f"{'':>20} {'async':>10} {'sync':>10}")
+    for label, key in rows:
+        print(f"{label:>20} {result['async'][key]!s:>10} {result['sync'][key]!s:>10}")
+    print(
+        f"async/sync samples/s: {result['samples_per_s_ratio']}x (steady state "
+        f"{result['steady_samples_per_s_ratio']}x) · target >= {TARGET_RATIO}x: "
+        f"{'met' if result['target_ratio_met'] else 'NOT met'} · async env utilisation >= "
+        f"{TARGET_UTILISATION:.0%}: {'met' if result['target_utilisation_met'] else 'NOT met'}"
+    )
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
