@@ -20,6 +20,7 @@ import argparse
 import io
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -28,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# the actor processes inherit it: no weight-loading progress bars between the bench's lines
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import uvloop  # noqa: E402
 
@@ -43,8 +47,18 @@ TARGET_RATIO = 1.5
 TARGET_UTILISATION = 0.8
 
 
-def overrides(ckpt: str, root: Path, updates: int, delay_s: float, staleness: int) -> list[str]:
-    """The settings both modes share (the mode's own `train.sync` is added per run)."""
+def overrides(ckpt: str, root: Path, updates: int, delay_s: float, via: str, staleness: int) -> list[str]:
+    """The settings both modes share (the mode's own `train.sync` is added per run).
+
+    `via="action"`: the delay is `agent.sleep_after_action_s`, paid after each executed action, as a slow VM
+    would charge it. `via="broker"`: it is the broker's `inference.max_wait_ms` (a partial batch waits that
+    long for company, and 4 VMs never fill a batch of 8), a wait on the acting path that, like a remote VM,
+    costs this machine no CPU; it is paid once per step whether the response parses or not."""
+    delay = (
+        [f"agent.sleep_after_action_s={delay_s}", "inference.max_wait_ms=20"]
+        if via == "action"
+        else ["agent.sleep_after_action_s=0", f"inference.max_wait_ms={delay_s * 1000:g}"]
+    )
     return [
         f"model.hf_ckpt={ckpt}",
         f"run.root_dir={root}",
@@ -58,7 +72,8 @@ def overrides(ckpt: str, root: Path, updates: int, delay_s: float, staleness: in
         "env.prewarm_envs=4",
         "eval.workers=1",
         "agent.max_steps=2",
-        f"agent.sleep_after_action_s={delay_s}",  # the injected VM step delay
+        "inference.max_batch=8",  # more than the VMs: with via="broker" every batch waits max_wait_ms
+        *delay,
         "logging.level=WARNING",
     ]
 
@@ -71,12 +86,45 @@ def steady_samples_per_s(metrics: list[dict[str, Any]]) -> float | None:
     return round(sum(m["samples"] for m in metrics[1:]) / span, 3) if span > 0 else None
 
 
+def episode_figures(run_dir: Path, slots: int, until: float) -> dict[str, Any]:
+    """From the episodes' own records: how many steps executed an action (only those pay
+    `sleep_after_action_s`), outcomes, mean episode seconds, and the VM utilisation from the first
+    episode's start to the last update (the summary's counts from the coordinator's start, model loading
+    and desktop start-up included, and leaves out episodes still running at the end)."""
+    spans, acted, outcomes = [], 0, {}
+    for result in run_dir.glob("episodes/*/*/result.json"):
+        r = json.loads(result.read_text())
+        end = result.stat().st_mtime  # written (atomically) when the episode ended
+        spans.append((end - r["seconds"], end))
+        outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+        traj = result.parent / "traj.jsonl"
+        if traj.exists():
+            acted += sum(1 for line in traj.read_text().splitlines() if '"actions"' in line)
+    if not spans:
+        return {
+            "acted_steps": 0,
+            "outcomes": outcomes,
+            "episode_s_mean": None,
+            "env_utilisation_active": None,
+        }
+    first = min(s for s, _ in spans)
+    busy = sum(max(0.0, min(e, until) - max(s, first)) for s, e in spans)
+    return {
+        "acted_steps": acted,
+        "outcomes": outcomes,
+        "episode_s_mean": round(statistics.mean(e - s for s, e in spans), 2),
+        "env_utilisation_active": round(busy / (slots * (until - first)), 4) if until > first else None,
+    }
+
+
 def one_run(mode: str, shared: list[str], log: io.StringIO) -> dict[str, Any]:
     cfg = load_config(CONFIG, env={}, overrides=[*shared, MODES[mode]])
     t = time.perf_counter()
     summary = uvloop.run(run_train(cfg, out=log))
     wall = time.perf_counter() - t
-    metrics = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    run_dir = Path(summary["run_dir"])
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    episodes = episode_figures(run_dir, cfg.env.max_envs, metrics[-1]["time"] if metrics else time.time())
     return {
         "samples_per_s": summary["samples_per_s"],
         "steady_samples_per_s": steady_samples_per_s(metrics),
@@ -94,6 +142,7 @@ def one_run(mode: str, shared: list[str], log: io.StringIO) -> dict[str, Any]:
         "version_lag_mean": (
             round(statistics.mean(m["version_lag_mean"] for m in metrics), 3) if metrics else None
         ),
+        **episodes,
     }
 
 
@@ -102,19 +151,25 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in runs[0]:
         values = [r[key] for r in runs if r[key] is not None]
-        out[key] = round(statistics.median(values), 4) if values else None
+        if key == "outcomes":
+            out[key] = {k: sum(r[key].get(k, 0) for r in runs) for k in {k for r in runs for k in r[key]}}
+        else:
+            out[key] = round(statistics.median(values), 4) if values else None
     return out
 
 
-def run(quick: bool, rounds: int, delay_s: float, staleness: int) -> dict[str, Any]:
+def run(quick: bool, rounds: int, delay_s: float, via: str, staleness: int, keep: bool) -> dict[str, Any]:
     updates = 2 if quick else 4
     setup_logging("bench", level="WARNING")
     started = time.perf_counter()
     log = io.StringIO()
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
-    with tempfile.TemporaryDirectory(prefix="guirl-bench-") as tmp:
-        ckpt = str(ensure_tiny_checkpoint(Path(tmp) / "tiny"))
-        shared = overrides(ckpt, Path(tmp) / "runs", updates, delay_s, staleness)
+    tmp = Path(tempfile.mkdtemp(prefix="guirl-bench-"))
+    if keep:
+        print(f"run directories kept under {tmp / 'runs'}", file=sys.stderr)
+    try:
+        ckpt = str(ensure_tiny_checkpoint(tmp / "tiny"))
+        shared = overrides(ckpt, tmp / "runs", updates, delay_s, via, staleness)
         for r in range(rounds):
             order = list(MODES) if r % 2 == 0 else list(reversed(MODES))  # interleaved, alternating
             for mode in order:
@@ -124,6 +179,9 @@ def run(quick: bool, rounds: int, delay_s: float, staleness: int) -> dict[str, A
                     sys.stderr.write(log.getvalue()[-4000:])
                     raise
                 print(f"round {r + 1}/{rounds} {mode}: {json.dumps(results[mode][-1])}", file=sys.stderr)
+    finally:
+        if not keep:
+            shutil.rmtree(tmp, ignore_errors=True)
     figures = {m: median_of(runs) for m, runs in results.items()}
     a, s = figures["async"], figures["sync"]
     ratio = round(a["samples_per_s"] / s["samples_per_s"], 2) if s["samples_per_s"] else None
@@ -139,6 +197,7 @@ def run(quick: bool, rounds: int, delay_s: float, staleness: int) -> dict[str, A
             "updates": updates,
             "rounds": rounds,
             "vm_step_delay_s": delay_s,
+            "delay_via": "agent.sleep_after_action_s" if via == "action" else "inference.max_wait_ms",
             "max_staleness_async": staleness,
             "episodes_per_update": 4,
             "max_steps": 2,
@@ -160,9 +219,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 updates per run instead of 4 (a smoke run)")
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode, interleaved (default 1)")
     parser.add_argument("--delay", type=float, default=0.75, help="injected VM step delay, s (default 0.75)")
+    parser.add_argument(
+        "--delay-via",
+        choices=("action", "broker"),
+        default="action",
+        help="inject the delay after each executed action (default) or as the broker's batch wait",
+    )
     parser.add_argument("--staleness", type=int, default=1, help="max staleness of the async run (default 1)")
+    parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
     args = parser.parse_args()
-    result = run(args.quick, max(1, args.rounds), args.delay, args.staleness)
+    result = run(args.quick, max(1, args.rounds), args.delay, args.delay_via, args.staleness, args.keep)
     rows = (
         ("samples/s (summary)", "samples_per_s"),
         ("samples/s (steady)", "steady_samples_per_s"),
@@ -174,6 +240,9 @@ def main() -> None:
         ("update s/update", "update_s_mean"),
         ("publish s/update", "publish_s_mean"),
         ("version lag", "version_lag_mean"),
+        ("episode s", "episode_s_mean"),
+        ("steps that acted", "acted_steps"),
+        ("env util (active)", "env_utilisation_active"),
     )
     print(f"{'':>20} {'async':>10} {'sync':>10}")
     for label, key in rows:

@@ -126,10 +126,17 @@ def cmd_train(args: argparse.Namespace) -> int:
             args.set.append(f"{path}={value}")
     if args.sync:
         args.set.append("train.sync=true")
+    run_dir = None
+    if args.resume:
+        from pathlib import Path
+
+        run_dir = Path(args.resume)
+        if args.config is None:  # the run's own resolved configuration (secrets come from the environment)
+            args.config = str(run_dir / "config.toml")
     cfg = _load(args)
     setup_logging("train", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
-        summary = uvloop.run(run_train(cfg))
+        summary = uvloop.run(run_train(cfg, run_dir, resume=run_dir is not None))
     except EvalError as exc:
         print(f"guirl train: {exc}", file=sys.stderr)
         return 1
@@ -219,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
     p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("demo", help="run the transport demo")
     _config_args(p)

@@ -91,8 +91,11 @@ async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir
         last = line
 
 
-async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
-    """Train until `train.updates` updates are made; returns (and writes) the summary."""
+async def run_train(
+    cfg: GuirlConfig, run_dir: Path | None = None, *, resume: bool = False, out: TextIO = sys.stdout
+) -> dict:
+    """Train until `train.updates` updates are made; returns (and writes) the summary. With `resume`,
+    `run_dir` is a run to continue from its latest checkpoint."""
     t, e = cfg.train, cfg.eval
     if cfg.env.provider != "local":
         raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
@@ -108,6 +111,15 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
         t = cfg.train
     tasks = load_suite(t.tasks)
     ckpt = resolve_checkpoint(cfg)
+    resume_from = None
+    if resume:
+        from guirl.actors.learner import latest_checkpoint
+
+        if run_dir is None or not (run_dir / "coordinator.json").is_file():
+            raise InputError(f"{run_dir}: not a train run directory (no coordinator.json)")
+        resume_from = latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise InputError(f"{run_dir}: no complete checkpoint to resume from")
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
     r = cfg.rollout
@@ -128,10 +140,19 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
         max_attempts=e.max_attempts,
         max_steps=cfg.agent.max_steps,
         seed=cfg.run.seed,
+        state_path=str(run_dir / "coordinator.json"),
         runtime=cfg.runtime,
         codec=cfg.codec,
         bind=[cfg.endpoints.coordinator],
     )
+    if resume_from is not None:
+        learned = json.loads((resume_from / "learner.json").read_text())
+        state = json.loads((run_dir / "coordinator.json").read_text())
+        again = coord.restore(state, set(learned["trained_groups"]), int(learned["version"]))
+        print(
+            f"[train] resuming at version {learned['version']} from {resume_from}; {again} group(s) again",
+            file=out,
+        )
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
@@ -168,6 +189,7 @@ async def run_train(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextI
                         "coordinator": coord.endpoints[0],
                         "seed": cfg.run.seed,
                         "engines": cfg.inference.engines,
+                        "resume_from": str(resume_from or ""),
                     },
                 ),
             )

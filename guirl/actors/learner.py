@@ -115,6 +115,9 @@ class Learner(Actor):
     def _load(self) -> None:
         import torch
         from transformers import Qwen3VLForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
 
         from guirl.inference.chat import ChatRenderer
 

@@ -144,6 +144,9 @@ class HFEngine:
 
     def _load(self) -> None:
         from transformers import Qwen3VLForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
 
         if self.threads > 0:
             torch.set_num_threads(self.threads)  # process-wide: one engine per process is the intended use

@@ -7,6 +7,12 @@ weights at the start of the step, and the gap between the (possibly stale) behav
 proximal one is corrected by a truncated importance weight. With one optimizer step per call
 (`minibatches=1`) the proximal log-probs equal the current ones, so the ratio is 1 and the clip is idle;
 it bites from the second mini-batch on, when the weights have already moved.
+
+Data parallel (FSDP2, `guirl/learner/fsdp.py`): every rank is given the same global batch and trains on
+its share of each mini-batch (`split_for_rank`). Each rank's loss is divided by the global mini-batch's
+count (known to every rank, as it holds the whole batch), and FSDP sums the ranks' gradients, so the sum
+is the gradient one process would get from the whole mini-batch; the weights, the gradient norm and the
+skip decision are therefore the same on every rank and equal to the single-process update.
 """
 
 from __future__ import annotations
@@ -15,8 +21,12 @@ import math
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from guirl.inference.chat import ChatRenderer
+from guirl.learner.fsdp import DistInfo, idle_sample, split_for_rank, sum_gradient_reduction
 from guirl.learner.logprobs import token_logprobs
 from guirl.learner.losses import LossAgg, masked_mean, policy_loss
 from guirl.learner.samples import Batch, TrainSample, collate, pack_microbatches
@@ -39,6 +49,7 @@ def train_step(
     max_grad_norm: float = 1.0,
     minibatches: int = 1,
     pad_id: int | None = None,
+    dist_info: DistInfo | None = None,
 ) -> dict[str, float]:
     """Train `model` on `samples`; returns the step's metrics.
 
@@ -50,10 +61,15 @@ def train_step(
     `temperature` is the engine's sampling temperature (1.0 for greedy samples). A step whose gradient
     norm is not finite is skipped (weights unchanged) and counted in `skipped_steps`.
 
+    `dist_info` with `world > 1`: `model` must be FSDP2-sharded (`shard_model`) and every rank must pass
+    the same `samples` (checked); each trains on its share and the update equals the single-process one.
+    Metrics are then those of the global batch (sums reduced across ranks).
+
     Metrics: `loss`, `clipfrac`, `approx_kl`, `entropy`, `ratio_mean`, `tis_weight_mean`,
     `tis_clipped_frac`, `behaviour_abs_diff` (token mean of |proximal - behaviour| log-probs: staleness
     plus any training-inference mismatch), `grad_norm` (mean over optimizer steps, before clipping),
-    `tokens`, `samples`, `microbatches`, `optimizer_steps`, `skipped_steps`.
+    `tokens`, `samples`, `microbatches` (over all ranks, idle ones not counted), `optimizer_steps`,
+    `skipped_steps`.
     """
     if not samples:
         raise ValueError("train_step needs at least one sample")
@@ -62,13 +78,30 @@ def train_step(
     pad = renderer.tokenizer.pad_token_id if pad_id is None else pad_id
     if pad is None:
         raise ValueError("the tokenizer has no pad token; pass pad_id")
+    rank, world = (dist_info.rank, dist_info.world) if dist_info is not None else (0, 1)
+    if world > 1 and not isinstance(model, FSDPModule):
+        # Nothing would reduce the gradients: each rank would step on its own share alone.
+        raise TypeError(f"train_step on {world} ranks needs an FSDP2 model (shard_model), got {type(model)}")
+    global_parts = _split(samples, minibatches)
+    shares = [
+        pack_microbatches(part, max_tokens) if part else [] for part in _shares(global_parts, rank, world)
+    ]
+    idle = None
+    if world > 1:
+        sum_gradient_reduction(model)  # idempotent: the step's arithmetic relies on a sum, not FSDP's mean
+        counts = _agree(samples, [len(mbs) for mbs in shares], dist_info.device)
+        # Equal micro-batch counts on every rank: each forward/backward is a round of FSDP collectives.
+        shares = [mbs + [[]] * (n - len(mbs)) for mbs, n in zip(shares, counts)]
+        idle = idle_sample(renderer)
     param = next(model.parameters())
     parts = [
-        [
-            collate(mb, renderer, pad).to(param.device, dtype=param.dtype)
-            for mb in pack_microbatches(p, max_tokens)
-        ]
-        for p in _split(samples, minibatches)
+        [_collate(mb, renderer, pad, idle).to(param.device, dtype=param.dtype) for mb in mbs]
+        for mbs in shares
+    ]
+    # The global count (every rank holds the global batch): the ranks' losses add up to the whole loss.
+    denominators = [
+        float(sum(len(s.response_ids) for s in part) if loss_agg == "token-mean" else len(part))
+        for part in global_parts
     ]
 
     was_training = model.training
@@ -82,13 +115,8 @@ def train_step(
     sums = dict.fromkeys(_TOKEN_METRICS, 0.0)
     loss_total, grad_norms, skipped = 0.0, [], 0
     try:
-        for part, part_proximal in zip(parts, proximal):
+        for part, part_proximal, denominator in zip(parts, proximal, denominators):
             optimizer.zero_grad(set_to_none=True)
-            denominator = float(
-                sum(b.n_response_tokens for b in part)
-                if loss_agg == "token-mean"
-                else sum(int(b.response_mask.any(1).sum()) for b in part)
-            )
             for batch, old in zip(part, part_proximal):
                 loss, token_sums = _micro_step(
                     model, batch, old, denominator, eps_clip, eps_clip_high, tis_cap, loss_agg, temperature
@@ -96,11 +124,12 @@ def train_step(
                 loss_total += loss
                 for k, v in token_sums.items():
                     sums[k] += v
-            grad_norm = float(
-                torch.nn.utils.clip_grad_norm_(
-                    [p for p in model.parameters() if p.requires_grad], max_grad_norm
-                )
+            total_norm = torch.nn.utils.clip_grad_norm_(
+                [p for p in model.parameters() if p.requires_grad], max_grad_norm
             )
+            # Under FSDP2 the norm is a DTensor holding this rank's partial; full_tensor() all-reduces it
+            # (the same value on every rank, so every rank makes the same skip decision).
+            grad_norm = float(total_norm.full_tensor() if isinstance(total_norm, DTensor) else total_norm)
             grad_norms.append(grad_norm)
             if math.isfinite(grad_norm):
                 optimizer.step()
@@ -110,14 +139,17 @@ def train_step(
     finally:
         model.train(was_training)
 
-    tokens = sum(b.n_response_tokens for part in parts for b in part)
+    microbatches = sum(1 for part in parts for b in part if b.n_response_tokens)
+    if world > 1:
+        loss_total, microbatches, sums = _sum_over_ranks(loss_total, microbatches, sums, dist_info.device)
+    tokens = sum(len(s.response_ids) for s in samples)
     metrics = {k: v / max(tokens, 1) for k, v in sums.items()}
     metrics.update(
         loss=loss_total / len(parts),
         grad_norm=sum(grad_norms) / len(grad_norms),
         tokens=float(tokens),
         samples=float(len(samples)),
-        microbatches=float(sum(len(part) for part in parts)),
+        microbatches=float(microbatches),
         optimizer_steps=float(len(parts) - skipped),
         skipped_steps=float(skipped),
     )
@@ -148,6 +180,13 @@ def _micro_step(
     temperature: float,
 ) -> tuple[float, dict[str, float]]:
     """Forward and backward of one micro-batch; its loss and its token-weighted metric sums."""
+    if batch.n_response_tokens == 0:
+        # An idle micro-batch (data parallel: this rank has nothing left in this mini-batch). It must
+        # still run the forward and backward, whose FSDP all-gathers and reduce-scatters the other ranks
+        # wait for; a zero loss connected to every parameter contributes exactly zero gradient.
+        logits = model(**batch.model_inputs(), logits_to_keep=1, use_cache=False).logits
+        (logits.float() * 0.0).sum().backward()
+        return 0.0, dict.fromkeys(_TOKEN_METRICS, 0.0)
     logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=True)
     correct = tis_cap > 0
     out = policy_loss(
@@ -175,6 +214,53 @@ def _micro_step(
         "behaviour_abs_diff": masked_mean((old - batch.behaviour_logprobs).abs(), mask),
     }
     return float(out.loss.detach()), {k: float(v) * n for k, v in means.items()}
+
+
+def _shares(parts: list[list[TrainSample]], rank: int, world: int) -> list[list[TrainSample]]:
+    """This rank's share of each mini-batch (all of it on one rank)."""
+    return parts if world == 1 else [split_for_rank(part, rank, world) for part in parts]
+
+
+def _collate(mb: list[TrainSample], renderer: ChatRenderer, pad: int, idle: TrainSample | None) -> Batch:
+    """`collate`, plus, in data parallel (`idle` given), a masked-out image row when the micro-batch has no
+    image: every rank then runs the vision blocks, whose FSDP collectives the ranks with images issue."""
+    if idle is None or any(s.images for s in mb):
+        return collate(mb, renderer, pad)
+    batch = collate([*mb, idle], renderer, pad)
+    # No loss, gradient or metric from it: label-aligned tensors are read only where the mask is true.
+    batch.response_mask[-1] = False
+    batch.advantages[-1] = 0.0
+    batch.behaviour_logprobs[-1] = 0.0
+    return batch
+
+
+def _agree(samples: list[TrainSample], counts: list[int], device: torch.device) -> list[int]:
+    """Check that every rank holds the same global batch and return, per mini-batch, the largest
+    micro-batch count of any rank; one all-reduce (on `device`: NCCL reduces GPU tensors only)."""
+    shape = [len(samples), sum(s.n_tokens for s in samples), sum(len(s.response_ids) for s in samples)]
+    t = torch.tensor([*shape, *(-x for x in shape), *counts], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    k = len(shape)
+    if t[:k].tolist() != (-t[k : 2 * k]).tolist():
+        # Shares computed from different batches would not add up to any batch's gradient.
+        raise ValueError(
+            f"ranks hold different batches (samples, tokens, response tokens): max {t[:k].tolist()}, "
+            f"min {(-t[k : 2 * k]).tolist()}; pass every rank the same global batch"
+        )
+    return t[2 * k :].tolist()
+
+
+def _sum_over_ranks(
+    loss: float, microbatches: int, sums: dict[str, float], device: torch.device
+) -> tuple[float, int, dict[str, float]]:
+    """The global batch's loss, micro-batch count and token-weighted metric sums; one all-reduce."""
+    keys = list(sums)
+    t = torch.tensor(
+        [loss, float(microbatches), *(sums[k] for k in keys)], dtype=torch.float64, device=device
+    )
+    dist.all_reduce(t)
+    values = t.tolist()
+    return values[0], int(values[1]), dict(zip(keys, values[2:]))
 
 
 def _split(samples: list[TrainSample], parts: int) -> list[list[TrainSample]]:
