@@ -19,11 +19,12 @@ import io
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from guirl.inference.chat import ChatRenderer
@@ -89,7 +90,8 @@ def init_distributed(backend: str | None = None, *, timeout_s: float = 600.0) ->
 
 
 def _device(backend: str, local_rank: int) -> torch.device:
-    return torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    # `backend` may be a device map such as "cpu:gloo,cuda:nccl": any NCCL means the model is on a GPU.
+    return torch.device("cuda", local_rank) if "nccl" in backend else torch.device("cpu")
 
 
 def shard_model(
@@ -107,15 +109,14 @@ def shard_model(
     moved to `dist_info.device` (and checkpointed when asked).
     """
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # A transformers model (PreTrainedModel); typed as a Module so this file needs no transformers import.
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not dist.is_initialized():
         return model.to(dist_info.device)
     names = set(getattr(model, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
         raise ValueError(f"{type(model).__name__} declares no _no_split_modules: nothing to shard per block")
-    from torch.distributed.device_mesh import init_device_mesh
-
     mesh = init_device_mesh(dist_info.device.type, (dist_info.world,))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
