@@ -129,6 +129,12 @@ class Learner(Actor):
             weights, local_files_only=True, torch_dtype=torch.float32
         ).to(self.device)
         self.model.train()
+        self.ref_model = None
+        if self.cfg.kl_coef > 0:  # the frozen reference: the starting checkpoint, even in a resumed run
+            self.ref_model = Qwen3VLForConditionalGeneration.from_pretrained(
+                self.ckpt, local_files_only=True, torch_dtype=torch.float32
+            ).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
         self.renderer = ChatRenderer.load(self.ckpt)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
@@ -249,6 +255,9 @@ class Learner(Actor):
             max_tokens=c.micro_batch_tokens,
             temperature=self.temperature if self.temperature > 0 else 1.0,
             max_grad_norm=c.grad_clip,
+            ref_model=self.ref_model,
+            kl_coef=c.kl_coef,
+            kl_kind=c.kl_kind,
         )
 
     # -- checkpoints ---------------------------------------------------------------------------------

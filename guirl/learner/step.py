@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from guirl.inference.chat import ChatRenderer
 from guirl.learner.fsdp import DistInfo, idle_sample, split_for_rank, sum_gradient_reduction
 from guirl.learner.logprobs import token_logprobs
-from guirl.learner.losses import LossAgg, masked_mean, policy_loss
+from guirl.learner.losses import KLKind, LossAgg, kl_penalty, masked_mean, policy_loss
 from guirl.learner.samples import Batch, TrainSample, collate, pack_microbatches
 
 __all__ = ["train_step"]
@@ -50,6 +50,9 @@ def train_step(
     minibatches: int = 1,
     pad_id: int | None = None,
     dist_info: DistInfo | None = None,
+    ref_model: Any = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k3",
 ) -> dict[str, float]:
     """Train `model` on `samples`; returns the step's metrics.
 
@@ -69,7 +72,10 @@ def train_step(
     `tis_clipped_frac`, `behaviour_abs_diff` (token mean of |proximal - behaviour| log-probs: staleness
     plus any training-inference mismatch), `grad_norm` (mean over optimizer steps, before clipping),
     `tokens`, `samples`, `microbatches` (over all ranks, idle ones not counted), `optimizer_steps`,
-    `skipped_steps`.
+    `skipped_steps`; with a reference model, `kl_ref` (token mean of the KL estimator).
+
+    `ref_model` and `kl_coef > 0`: the loss adds `kl_coef` x the `kl_kind` estimate of KL(policy || ref)
+    per response token, aggregated as the policy loss is (the seed's PRM mode: k3, 0.01).
     """
     if not samples:
         raise ValueError("train_step needs at least one sample")
@@ -109,17 +115,34 @@ def train_step(
     model.eval()
     with torch.no_grad():
         proximal = [[token_logprobs(model, b, temperature=temperature) for b in part] for part in parts]
+        use_kl = ref_model is not None and kl_coef > 0
+        reference = (
+            [[token_logprobs(ref_model, b, temperature=temperature) for b in part] for part in parts]
+            if use_kl
+            else [[None] * len(part) for part in parts]
+        )
     # train() for what keys on it (activation checkpointing); Qwen3-VL's dropout rates are 0, so the
     # log-probs are the same as in eval mode.
     model.train()
     sums = dict.fromkeys(_TOKEN_METRICS, 0.0)
     loss_total, grad_norms, skipped = 0.0, [], 0
     try:
-        for part, part_proximal, denominator in zip(parts, proximal, denominators):
+        for part, part_proximal, part_ref, denominator in zip(parts, proximal, reference, denominators):
             optimizer.zero_grad(set_to_none=True)
-            for batch, old in zip(part, part_proximal):
+            for batch, old, ref in zip(part, part_proximal, part_ref):
                 loss, token_sums = _micro_step(
-                    model, batch, old, denominator, eps_clip, eps_clip_high, tis_cap, loss_agg, temperature
+                    model,
+                    batch,
+                    old,
+                    denominator,
+                    eps_clip,
+                    eps_clip_high,
+                    tis_cap,
+                    loss_agg,
+                    temperature,
+                    ref=ref,
+                    kl_coef=kl_coef,
+                    kl_kind=kl_kind,
                 )
                 loss_total += loss
                 for k, v in token_sums.items():
@@ -164,6 +187,7 @@ _TOKEN_METRICS = (
     "tis_weight_mean",
     "tis_clipped_frac",
     "behaviour_abs_diff",
+    "kl_ref",
 )
 """Metrics averaged over response tokens (each micro-batch weighted by its token count)."""
 
@@ -178,6 +202,10 @@ def _micro_step(
     tis_cap: float,
     loss_agg: LossAgg,
     temperature: float,
+    *,
+    ref: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k3",
 ) -> tuple[float, dict[str, float]]:
     """Forward and backward of one micro-batch; its loss and its token-weighted metric sums."""
     if batch.n_response_tokens == 0:
@@ -201,8 +229,14 @@ def _micro_step(
         loss_agg=loss_agg,
         loss_denominator=denominator,
     )
-    out.loss.backward()
+    loss = out.loss
     mask = batch.response_mask
+    kl_mean = torch.zeros(())
+    if ref is not None and kl_coef > 0:
+        kl = kl_penalty(logprobs, ref, kl_kind)
+        kl_mean = masked_mean(kl.detach(), mask)
+        loss = loss + kl_coef * _aggregate(kl, mask, loss_agg, denominator)
+    loss.backward()
     n = float(batch.n_response_tokens)
     means = {
         "clipfrac": out.clipfrac,
@@ -212,8 +246,21 @@ def _micro_step(
         "tis_weight_mean": out.tis_weight_mean,
         "tis_clipped_frac": out.tis_clipped_frac,
         "behaviour_abs_diff": masked_mean((old - batch.behaviour_logprobs).abs(), mask),
+        "kl_ref": kl_mean,
     }
-    return float(out.loss.detach()), {k: float(v) * n for k, v in means.items()}
+    return float(loss.detach()), {k: float(v) * n for k, v in means.items()}
+
+
+def _aggregate(x: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg, denominator: float) -> torch.Tensor:
+    """Per-token values summed as the policy loss is: over tokens (token-mean) or per-sequence means or
+    sums (the seq modes), divided by the mini-batch's global `denominator`."""
+    x = torch.where(mask, x, torch.zeros_like(x))
+    if loss_agg == "token-mean":
+        return x.sum() / denominator
+    per_seq = x.sum(dim=-1)
+    if loss_agg == "seq-mean-token-mean":
+        per_seq = per_seq / mask.sum(dim=-1).clamp(min=1)
+    return per_seq.sum() / denominator
 
 
 def _shares(parts: list[list[TrainSample]], rank: int, world: int) -> list[list[TrainSample]]:

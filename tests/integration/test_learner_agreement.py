@@ -356,3 +356,45 @@ def test_mini_batches_clip_against_the_proximal_policy_and_stale_samples_are_rew
     assert again["behaviour_abs_diff"] > 1e-2
     assert again["tis_weight_mean"] != pytest.approx(1.0, abs=1e-3)
     assert again["approx_kl"] < 1e-9 and again["clipfrac"] == 0.0  # one optimizer step: ratio is 1
+
+
+def test_kl_to_the_reference_is_zero_at_the_start_and_pulls_back_after(
+    ckpt: Path, renderer: ChatRenderer, engine_samples: tuple[list[TrainSample], list[float]]
+) -> None:
+    """The KL term to a frozen reference: zero (and the loss unchanged) while the policy is the reference;
+    positive once the policy has moved, and then it adds to the loss."""
+    samples = engine_samples[0][:4]
+    model, ref, plain = load_model(ckpt), load_model(ckpt), load_model(ckpt)
+    common = {"loss_agg": "token-mean", "max_tokens": 100_000, **STEP}
+    with_kl = train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=1.0),
+        samples,
+        renderer,
+        ref_model=ref,
+        kl_coef=0.5,
+        **common,
+    )
+    without = train_step(plain, torch.optim.SGD(plain.parameters(), lr=1.0), samples, renderer, **common)
+    assert with_kl["kl_ref"] == pytest.approx(0.0, abs=1e-7)
+    assert with_kl["loss"] == pytest.approx(without["loss"], abs=1e-6)
+    moved = train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        samples,
+        renderer,
+        ref_model=ref,
+        kl_coef=0.5,
+        **common,
+    )
+    unpenalised = train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        samples,
+        renderer,
+        ref_model=ref,
+        kl_coef=0.0,
+        **common,
+    )
+    assert moved["kl_ref"] > 1e-6
+    assert moved["loss"] == pytest.approx(unpenalised["loss"] + 0.5 * moved["kl_ref"], rel=1e-4, abs=1e-6)
