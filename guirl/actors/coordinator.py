@@ -34,6 +34,7 @@ from guirl.messages.types import (
     Ack,
     EpisodeAssignment,
     EpisodeEnded,
+    LearnerResumed,
     Message,
     NoWork,
     Register,
@@ -150,6 +151,10 @@ class Coordinator(Actor):
                 return self._assign(req.peer_name, worker)
             case EpisodeEnded() as ended:
                 return self._end(ended)
+            case LearnerResumed(version=version, trained_groups=trained):
+                again = self.reissue_lost(set(trained))
+                self.learner_version = version  # a restarted learner may be behind what we were told
+                return Ack(note=f"{again} group(s) handed out again")
             case WeightsPublished(version=version):
                 if version > self.learner_version:
                     self.learner_version = version
@@ -234,6 +239,26 @@ class Coordinator(Actor):
         self.counters["groups.reissued"] = len(again)
         self.save_state()
         return len(again)
+
+    def reissue_lost(self, trained: set[str]) -> int:
+        """Hand out again the admitted groups that are neither trained nor running nor queued: their
+        trajectories were delivered to a learner that died before its next checkpoint."""
+        busy = {r.todo.group_id for r in self.running.values()} | {t.group_id for t in self.todo}
+        lost = [g for g in self.admitted_groups if g not in trained and g not in busy]
+        by_id = {t.task_id: t for t in self.tasks}
+        for group in lost:
+            task = by_id[self.admitted_groups[group]]
+            self.reissued += 1
+            # a fresh id: the new learner must not take its members for stragglers of a settled group
+            fresh = f"{group}r{self.reissued}"
+            self.todo.extend(_Todo(task, s, 0, fresh) for s in range(self.n_samples))
+            self.admitted_groups[fresh] = task.task_id
+            del self.admitted_groups[group]
+        self.counters["groups.reissued"] += len(lost)
+        if lost:
+            log.warning("the learner restarted: %d group(s) handed out again", len(lost))
+            self.save_state()
+        return len(lost)
 
     def finish(self) -> None:
         """The run is over (train mode: the learner made its updates): hand out nothing more; episodes

@@ -27,7 +27,7 @@ from guirl.actors.base import Actor, Request
 from guirl.actors.errors import ActorError, FatalError
 from guirl.config.schema import TrainConfig
 from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
-from guirl.messages.types import Ack, Message, Trajectory, WeightsPublished
+from guirl.messages.types import Ack, LearnerResumed, Message, Trajectory, WeightsPublished
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +96,22 @@ class Learner(Actor):
             else None
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner-{self.name}")
+        if self.resume_from is None:
+            # restarted by the supervisor mid-run: carry on from the run's latest checkpoint, never from
+            # the starting weights (the engines are ahead of those)
+            self.resume_from = latest_checkpoint(self.run_dir)
         await self._torch(self._load)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.resume_from is not None:
-            # the engines start from the original checkpoint: give them the resumed weights first
+        if self.version > 0:
+            # the engines may hold other weights (the starting ones, or a later version that died with
+            # the previous learner): give them the checkpoint's
             await self._publish()
+        if self.coord is not None:
+            # whatever the previous learner received after its checkpoint died with it: the coordinator
+            # hands those groups out again (a fresh start has nothing admitted: a no-op)
+            await self._tell(
+                self.coord, LearnerResumed(version=self.version, trained_groups=sorted(self.trained_groups))
+            )
         log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
 
     async def teardown(self) -> None:
@@ -333,7 +344,7 @@ class Learner(Actor):
         await self._tell(self.coord, WeightsPublished(version=self.version, learner_step=self.version))
         return time.monotonic() - started
 
-    async def _tell(self, conn: Any, msg: WeightsPublished) -> bool:
+    async def _tell(self, conn: Any, msg: Message) -> bool:
         if conn is None:
             return True
         try:

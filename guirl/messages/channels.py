@@ -14,6 +14,7 @@ from guirl.messages.types import (
     EpisodeEnded,
     ErrorReply,
     Heartbeat,
+    LearnerResumed,
     NoWork,
     PolicyRequest,
     PolicyResponse,
@@ -31,7 +32,15 @@ from guirl.messages.types import (
 Control = Heartbeat | Shutdown | ErrorReply | StatsRequest | StatsReply
 DiagChannel = Control | Echo | EchoReply
 CoordinatorChannel = (
-    Control | Register | Ack | WorkRequest | EpisodeAssignment | NoWork | EpisodeEnded | WeightsPublished
+    Control
+    | Register
+    | Ack
+    | WorkRequest
+    | EpisodeAssignment
+    | NoWork
+    | EpisodeEnded
+    | WeightsPublished
+    | LearnerResumed
 )
 PolicyChannel = Control | Ack | PolicyRequest | PolicyResponse | WeightsPublished
 PRMChannel = Control | Transition | StepScore
@@ -53,6 +62,7 @@ ANY = (
     | StepScore
     | Trajectory
     | WeightsPublished
+    | LearnerResumed
 )
 """Every message type: for tools (replay, inspection) that must read any channel."""
 

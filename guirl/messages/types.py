@@ -368,6 +368,15 @@ class Trajectory(Message):
     attempt: int = 0
 
 
+class LearnerResumed(Message):
+    """The learner (re)started from a checkpoint at `version`: the coordinator hands out again every group
+    it admitted that was not trained by then and has nothing running or queued (its trajectories died in
+    the old learner's buffer)."""
+
+    version: int
+    trained_groups: list[str] = []
+
+
 class WeightsPublished(Message):
     """The learner has new weights at `version` (broadcast over the weight group, or at `path`)."""
 

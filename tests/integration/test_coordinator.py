@@ -214,3 +214,42 @@ def test_train_mode_stops_after_max_groups():
         assert done.reason == "done" and coord.all_done.is_set()
 
     run(_with_coordinator(cfg, _tasks(2), body, mode="train", n_samples=2, max_staleness=5, max_groups=1))
+
+
+def test_a_restarted_learner_gets_the_groups_it_lost(tmp_path):
+    """Groups delivered whole to a learner that died before its checkpoint are handed out again, under a
+    fresh group id; groups trained, running or queued are not; the state file follows."""
+    from guirl.messages.types import LearnerResumed
+
+    cfg = fast_config()
+    state = tmp_path / "coordinator.json"
+
+    async def body(coord, conn):
+        work = [await conn.request(WorkRequest(worker="w")) for _ in range(4)]
+        groups = sorted({w.group_id for w in work})
+        assert len(groups) == 2
+        for w in work:  # both groups delivered (and ended) ...
+            await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", score=0.0))
+        # ... but only the first was trained before the learner died
+        ack = await conn.request(LearnerResumed(version=1, trained_groups=[groups[0]]))
+        assert ack.ok and ack.note.startswith("1 group")
+        again = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
+        assert {a.group_id for a in again} == {f"{groups[1]}r1"} and sorted(
+            a.sample_index for a in again
+        ) == [0, 1]
+        saved = json.loads(state.read_text())
+        assert f"{groups[1]}r1" in saved["admitted_groups"] and groups[1] not in saved["admitted_groups"]
+        assert coord.counters["groups.reissued"] == 1
+
+    run(
+        _with_coordinator(
+            cfg,
+            _tasks(3),
+            body,
+            mode="train",
+            n_samples=2,
+            batch_size=2,
+            max_staleness=1,
+            state_path=str(state),
+        )
+    )

@@ -39,6 +39,7 @@ from guirl.messages.types import (
     Heartbeat,
     Image,
     ImagePart,
+    LearnerResumed,
     Message,
     NoWork,
     PolicyRequest,
@@ -163,6 +164,7 @@ EXAMPLES: dict[type, Message] = {
         domain="chrome",
     ),
     WeightsPublished: WeightsPublished(version=6, learner_step=60, path="/ckpt/6", n_tensors=3, nbytes=1024),
+    LearnerResumed: LearnerResumed(version=4, trained_groups=["t@0", "t@1"]),
 }
 
 ANY_TYPES = typing.get_args(ANY)
