@@ -43,11 +43,8 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
     snap = coord.snapshot()
     elapsed = time.monotonic() - started
     target = f"/{updates}" if updates else ""
-    util = (
-        snap["episode_s"] / (snap["slots"] * snap["elapsed_s"])
-        if snap["slots"] and snap["elapsed_s"]
-        else 0.0
-    )
+    vm_time = snap["slots"] * snap["vm_elapsed_s"]
+    util = snap["episode_s"] / vm_time if vm_time > 0 else 0.0
     parts = [
         f"[train] version {coord.learner_version}{target}",
         f"env utilisation {util:.0%}",
@@ -217,18 +214,21 @@ async def run_train(
                 )
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             await _follow(coord, sup, cfg, run_dir, out)
+            snap = coord.snapshot()  # before shutting down: stopping takes time that is not the run's
             coord.finish()
             await sup.stop_all()
     finally:
         coord.request_shutdown("train done")
         await coord_task
     elapsed = time.monotonic() - started
-    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    snap = coord.snapshot()
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics = list({m["version"]: m for m in lines}.values())  # by version: a restarted learner repeats one
     steps_trained = sum(m.get("samples", 0) for m in metrics)
-    # VM time spent in episodes over the VM time there was (from the first worker's registration)
-    vm_time = snap["slots"] * max(1e-9, snap["elapsed_s"])
-    env_utilisation = round(min(1.0, snap["episode_s"] / vm_time), 4) if snap["slots"] else None
+    vm_time = snap["slots"] * snap["vm_elapsed_s"]
+    env_utilisation = round(min(1.0, snap["episode_s"] / vm_time), 4) if vm_time > 0 else None
+    # steady state: samples trained per second from the first update to the last (start-up left out)
+    span = metrics[-1]["time"] - metrics[0]["time"] if len(metrics) > 1 else 0.0
+    steady = round(sum(m.get("samples", 0) for m in metrics[1:]) / span, 3) if span > 0 else None
     summary = {
         "run_dir": str(run_dir),
         "mode": "train",
@@ -245,6 +245,7 @@ async def run_train(
         "reward_mean_by_update": [m.get("reward_mean") for m in metrics],
         "learner_idle_frac": metrics[-1].get("learner_idle_frac") if metrics else None,
         "env_utilisation": env_utilisation,
+        "steady_samples_per_s": steady,
     }
     _write_json(run_dir / "summary.json", summary)
     print(

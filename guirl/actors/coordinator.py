@@ -133,6 +133,7 @@ class Coordinator(Actor):
         self.progress = asyncio.Event()  # set at every end state; readers clear it
         self.all_done = asyncio.Event()
         self.started = time.monotonic()
+        self.first_registered: float | None = None  # VM time is counted from here (models load before)
         self._seq = 0
         self.closing = False  # the run is ending: no more work, and workers leaving is expected
         self.state_path = Path(state_path) if state_path else None
@@ -145,6 +146,8 @@ class Coordinator(Actor):
         match req.msg:
             case Register(name=name) as reg:
                 self.workers[name] = reg
+                if self.first_registered is None:
+                    self.first_registered = time.monotonic()
                 log.info("worker %s registered (capacity %d)", name, reg.capacity)
                 return Ack(note=f"{len(self.workers)} workers")
             case WorkRequest(worker=worker):
@@ -374,6 +377,7 @@ class Coordinator(Actor):
     def snapshot(self) -> dict[str, Any]:
         """Counts for a progress line: done/total, successes, environment errors, steps."""
         scored = [r for r in self.results.values() if r.status == "completed"]
+        now = time.monotonic()
         return {
             "done": len(self.results),
             "total": self.total,
@@ -385,6 +389,9 @@ class Coordinator(Actor):
             "env_errors": sum(1 for e in self.ended.values() if e.env_error),
             "steps": sum(e.steps for e in self.ended.values()),
             "elapsed_s": time.monotonic() - self.started,
-            "episode_s": sum(e.seconds for e in self.ended.values()),
+            # VM time in episodes, running ones included, over the VM time there was since workers came
+            "episode_s": sum(e.seconds for e in self.ended.values())
+            + sum(now - r.assigned_at for r in self.running.values()),
+            "vm_elapsed_s": now - self.first_registered if self.first_registered is not None else 0.0,
             "slots": sum(w.capacity for w in self.workers.values()),
         }

@@ -375,6 +375,8 @@ class EnvWorker(Actor):
                     self.fault_step = -1  # once per worker
                     log.warning("fault injection: killing VM %s at step %d", lease.vm_id, step)
                     self.provider.kill(lease.vm_id)
+                if self.env.step_latency_s:  # a slower VM, simulated (benchmarks)
+                    await asyncio.sleep(self.env.step_latency_s)
                 t0 = time.monotonic()
                 (episode.dir / f"step_{step:03d}.png").write_bytes(screenshot)
                 try:

@@ -174,6 +174,8 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Desktop width, in pixels."""
     screen_height: PosInt = 1080
     """Desktop height, in pixels."""
+    step_latency_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
+    """Extra seconds every step costs, parsed or not (benchmarks: a cloud VM is slower than a local one)."""
 
 
 class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

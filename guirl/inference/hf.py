@@ -130,6 +130,7 @@ class HFEngine:
         self._pad_id = 0
         self._max_positions = 0
         self._vocab = 0  # rows of the input embedding: a token id outside [0, vocab) is refused
+        self._suppress: list[int] = []
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -162,6 +163,13 @@ class HFEngine:
         self._pad_id = int(pad if pad is not None else min(self._eos))
         self._max_positions = int(model.config.get_text_config().max_position_embeddings)
         self._vocab = int(model.get_input_embeddings().num_embeddings)
+        # A response must never contain the vision tokens: in a later prompt (history) or in training the
+        # model would take them for image slots. A random model samples them; a real one rarely does.
+        vision = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+        unk = renderer.tokenizer.unk_token_id
+        self._suppress = sorted(
+            {i for i in renderer.tokenizer.convert_tokens_to_ids(list(vision)) if i is not None and i != unk}
+        )
         self._renderer, self._model = renderer, model
 
     async def health(self) -> bool:
@@ -387,6 +395,7 @@ class HFEngine:
             top_p=None if greedy else s.top_p,
             top_k=None if greedy or s.top_k <= 0 else s.top_k,
             eos_token_id=sorted(self._eos),
+            suppress_tokens=self._suppress or None,
             pad_token_id=self._pad_id,
             output_logits=True,
             return_dict_in_generate=True,

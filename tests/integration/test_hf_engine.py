@@ -313,3 +313,16 @@ def test_concurrent_calls_are_serialised(ckpt: Path) -> None:
 
     together, one_by_one = run(scenario())
     assert [r.response_ids for [r] in together] == [r.response_ids for [r] in one_by_one]
+
+
+def test_the_engine_never_writes_vision_tokens(ckpt: Path, renderer: ChatRenderer) -> None:
+    """A response with <|image_pad|> would be taken for an image slot in the next prompt and in training;
+    the engine suppresses the vision tokens (the random tiny model would otherwise draw them)."""
+    hot = SamplingParams(temperature=5.0, max_new_tokens=200, seed=3)
+    reqs = [screenshot_request(f"r{i}", png(64, 48, i), sampling=hot) for i in range(8)]
+    [results] = serve(ckpt, reqs)
+    vision = set(
+        renderer.tokenizer.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"])
+    )
+    drawn = [t for r in results for t in (r.response_ids or [])]
+    assert len(drawn) > 800 and not vision.intersection(drawn)
