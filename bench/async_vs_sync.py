@@ -1,24 +1,34 @@
 """RL mode decoupled (IMPALA-style, max staleness 1) vs `--sync` (rollout, then train), side by side in one
 run: `guirl.train.run_train` in this process on configs/local_rl.toml, with the tiny Qwen3-VL (built once,
-offline), the local training suite on local desktops, and an injected VM step delay
-(`agent.sleep_after_action_s`) so that acting is slow next to the learner's step, as it is with real VMs.
-Both modes get the same seed, tasks, batch shape, VMs and number of updates; with more than one round
-the modes alternate, so the machine's drift hits both alike.
+offline), the local training suite on local desktops, and an injected step delay on the acting path, so
+that acting is slow next to the learner's step, as it is with real VMs. Both modes get the same seed,
+tasks, batch shape (2 groups x 2), VMs (4) and number of updates; with more than one round the modes
+alternate, so the machine's drift hits both alike.
+
+The delay: by default (`--delay-via step`) `env.step_latency_s`, slept by the env worker at every step
+whether the response parses or not, a wait that, like a remote VM, costs this machine no CPU. The
+alternatives: `agent.sleep_after_action_s` (`--delay-via action`), paid only after an executed action (the
+tiny random model's responses almost never parse as one), and the broker's `inference.max_wait_ms`
+(`--delay-via broker`: with 4 VMs a batch of 8 never fills). The JSON says which was used and whether any
+step paid it.
 
 Reports per mode: trained step samples per second of wall time (the run's summary: from the start of
 `run_train`, actor start-up included; and the steady state between the first and the last update),
-environment utilisation (episode VM time over the VM time there was), the learner's idle fraction, wall
-seconds and updates. Then the async/sync ratio and whether the issue's targets hold (async >= 1.5x sync
-samples/s, async env utilisation >= 80 %). Prints a table, then one line of JSON.
+environment utilisation (the summary's, and this bench's own from the first episode to the last update),
+the learner's idle fraction, wall seconds, updates, and actor crashes (a run with one is flagged NOT
+VALID). Then the async/sync ratio and whether the issue's targets hold (async >= 1.5x sync samples/s,
+async env utilisation >= 80 %). Prints a table, then one line of JSON.
 
-    python bench/async_vs_sync.py [--quick] [--rounds N] [--delay S]
+    python bench/async_vs_sync.py [--quick] [--rounds N] [--delay S] [--delay-via broker|action] [--keep]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
+import logging
 import os
 import shutil
 import statistics
@@ -45,6 +55,8 @@ CONFIG = ROOT / "configs" / "local_rl.toml"
 MODES = {"async": "train.sync=false", "sync": "train.sync=true"}
 TARGET_RATIO = 1.5
 TARGET_UTILISATION = 0.8
+RUN_TIMEOUT_S = 600.0
+"""A run that has not made its updates by then is stuck (a learner that cannot recover): the bench fails."""
 
 
 def overrides(ckpt: str, root: Path, updates: int, delay_s: float, via: str, staleness: int) -> list[str]:
@@ -54,11 +66,12 @@ def overrides(ckpt: str, root: Path, updates: int, delay_s: float, via: str, sta
     would charge it. `via="broker"`: it is the broker's `inference.max_wait_ms` (a partial batch waits that
     long for company, and 4 VMs never fill a batch of 8), a wait on the acting path that, like a remote VM,
     costs this machine no CPU; it is paid once per step whether the response parses or not."""
-    delay = (
-        [f"agent.sleep_after_action_s={delay_s}", "inference.max_wait_ms=20"]
-        if via == "action"
-        else ["agent.sleep_after_action_s=0", f"inference.max_wait_ms={delay_s * 1000:g}"]
-    )
+    if via == "step":
+        delay = [f"env.step_latency_s={delay_s}", "agent.sleep_after_action_s=0", "inference.max_wait_ms=20"]
+    elif via == "action":
+        delay = [f"agent.sleep_after_action_s={delay_s}", "inference.max_wait_ms=20"]
+    else:
+        delay = ["agent.sleep_after_action_s=0", f"inference.max_wait_ms={delay_s * 1000:g}"]
     return [
         f"model.hf_ckpt={ckpt}",
         f"run.root_dir={root}",
@@ -90,7 +103,8 @@ def episode_figures(run_dir: Path, slots: int, until: float) -> dict[str, Any]:
     """From the episodes' own records: how many steps executed an action (only those pay
     `sleep_after_action_s`), outcomes, mean episode seconds, and the VM utilisation from the first
     episode's start to the last update (the summary's counts from the coordinator's start, model loading
-    and desktop start-up included, and leaves out episodes still running at the end)."""
+    and desktop start-up included, and leaves out episodes still running at the end). An episode cut off
+    by the run's end leaves no record, so this one is a lower bound."""
     spans, acted, outcomes = [], 0, {}
     for result in run_dir.glob("episodes/*/*/result.json"):
         r = json.loads(result.read_text())
@@ -99,7 +113,7 @@ def episode_figures(run_dir: Path, slots: int, until: float) -> dict[str, Any]:
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
         traj = result.parent / "traj.jsonl"
         if traj.exists():
-            acted += sum(1 for line in traj.read_text().splitlines() if '"actions"' in line)
+            acted += sum(1 for line in traj.read_text().splitlines() if "actions" in json.loads(line))
     if not spans:
         return {
             "acted_steps": 0,
@@ -117,10 +131,37 @@ def episode_figures(run_dir: Path, slots: int, until: float) -> dict[str, Any]:
     }
 
 
-def one_run(mode: str, shared: list[str], log: io.StringIO) -> dict[str, Any]:
+class ActorExits(logging.Handler):
+    """Counts the supervisor's `actor NAME exited` events: a run in which an actor crashed and was
+    restarted measured the restart too, so its figures are flagged, not silently compared."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.exits: dict[str, int] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) >= 2 and args[1] == "exited":
+            self.exits[str(args[0])] = self.exits.get(str(args[0]), 0) + 1
+
+
+async def timed_train(cfg: Any, out: io.StringIO, timeout_s: float) -> dict[str, Any]:
+    try:
+        return await asyncio.wait_for(run_train(cfg, out=out), timeout_s)
+    except TimeoutError:
+        tail = out.getvalue()[-4000:]
+        raise SystemExit(f"a run took over {timeout_s:.0f} s (stuck?); its output:\n{tail}") from None
+
+
+def one_run(mode: str, shared: list[str], log: io.StringIO, timeout_s: float) -> dict[str, Any]:
     cfg = load_config(CONFIG, env={}, overrides=[*shared, MODES[mode]])
+    exits = ActorExits()
+    logging.getLogger("guirl.actors.supervisor").addHandler(exits)
     t = time.perf_counter()
-    summary = uvloop.run(run_train(cfg, out=log))
+    try:
+        summary = uvloop.run(timed_train(cfg, log, timeout_s))
+    finally:
+        logging.getLogger("guirl.actors.supervisor").removeHandler(exits)
     wall = time.perf_counter() - t
     run_dir = Path(summary["run_dir"])
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -143,6 +184,8 @@ def one_run(mode: str, shared: list[str], log: io.StringIO) -> dict[str, Any]:
             round(statistics.mean(m["version_lag_mean"] for m in metrics), 3) if metrics else None
         ),
         **episodes,
+        "actor_exits": sum(exits.exits.values()),  # crashes (each restarted); > 0 makes the run suspect
+        "actor_exits_by_name": exits.exits,
     }
 
 
@@ -151,34 +194,50 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in runs[0]:
         values = [r[key] for r in runs if r[key] is not None]
-        if key == "outcomes":
+        if key in ("outcomes", "actor_exits_by_name"):
             out[key] = {k: sum(r[key].get(k, 0) for r in runs) for k in {k for r in runs for k in r[key]}}
         else:
             out[key] = round(statistics.median(values), 4) if values else None
     return out
 
 
-def run(quick: bool, rounds: int, delay_s: float, via: str, staleness: int, keep: bool) -> dict[str, Any]:
+def run(
+    quick: bool,
+    rounds: int,
+    delay_s: float,
+    via: str,
+    staleness: int,
+    keep: bool,
+    extra: list[str],
+    retries: int,
+) -> dict[str, Any]:
     updates = 2 if quick else 4
     setup_logging("bench", level="WARNING")
     started = time.perf_counter()
     log = io.StringIO()
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    discarded: dict[str, list[dict[str, int]]] = {m: [] for m in MODES}
     tmp = Path(tempfile.mkdtemp(prefix="guirl-bench-"))
     if keep:
         print(f"run directories kept under {tmp / 'runs'}", file=sys.stderr)
     try:
         ckpt = str(ensure_tiny_checkpoint(tmp / "tiny"))
-        shared = overrides(ckpt, tmp / "runs", updates, delay_s, via, staleness)
+        shared = [*overrides(ckpt, tmp / "runs", updates, delay_s, via, staleness), *extra]
         for r in range(rounds):
             order = list(MODES) if r % 2 == 0 else list(reversed(MODES))  # interleaved, alternating
             for mode in order:
-                try:
-                    results[mode].append(one_run(mode, shared, log))
-                except Exception:
-                    sys.stderr.write(log.getvalue()[-4000:])
-                    raise
-                print(f"round {r + 1}/{rounds} {mode}: {json.dumps(results[mode][-1])}", file=sys.stderr)
+                for attempt in range(retries + 1):
+                    try:
+                        figures = one_run(mode, shared, log, RUN_TIMEOUT_S)
+                    except Exception:
+                        sys.stderr.write(log.getvalue()[-4000:])
+                        raise
+                    print(f"round {r + 1}/{rounds} {mode}: {json.dumps(figures)}", file=sys.stderr)
+                    if not figures["actor_exits"] or attempt == retries:
+                        break
+                    # an actor crashed mid-run (see the log): the run measured its restart; run it again
+                    discarded[mode].append(figures["actor_exits_by_name"])
+                results[mode].append(figures)
     finally:
         if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -191,18 +250,24 @@ def run(quick: bool, rounds: int, delay_s: float, via: str, staleness: int, keep
         else None
     )
     util = a["env_utilisation"]
+    exits = a["actor_exits"] + s["actor_exits"]
     return {
         "bench": "async_vs_sync",
         "setup": {
             "updates": updates,
             "rounds": rounds,
             "vm_step_delay_s": delay_s,
-            "delay_via": "agent.sleep_after_action_s" if via == "action" else "inference.max_wait_ms",
+            "delay_via": {
+                "step": "env.step_latency_s",
+                "action": "agent.sleep_after_action_s",
+                "broker": "inference.max_wait_ms",
+            }[via],
             "max_staleness_async": staleness,
             "episodes_per_update": 4,
             "max_steps": 2,
             "vms": 4,
             "cpus": os.cpu_count(),
+            "extra_settings": extra,
         },
         "async": a,
         "sync": s,
@@ -210,6 +275,11 @@ def run(quick: bool, rounds: int, delay_s: float, via: str, staleness: int, keep
         "steady_samples_per_s_ratio": steady,
         "target_ratio_met": ratio is not None and ratio >= TARGET_RATIO,
         "target_utilisation_met": util is not None and util >= TARGET_UTILISATION,
+        # an actor crashed (and was restarted) during a run: its figures measured the restart too
+        "valid": not exits,
+        "runs_discarded_for_crashes": discarded,
+        # via "action", the delay is paid only after an executed action; 0 means it was never injected
+        "delay_paid": via != "action" or bool(a["acted_steps"] and s["acted_steps"]),
         "bench_wall_s": round(time.perf_counter() - started, 1),
     }
 
@@ -218,17 +288,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 updates per run instead of 4 (a smoke run)")
     parser.add_argument("--rounds", type=int, default=1, help="runs per mode, interleaved (default 1)")
-    parser.add_argument("--delay", type=float, default=0.75, help="injected VM step delay, s (default 0.75)")
+    parser.add_argument("--delay", type=float, default=1.0, help="injected step delay, s (default 1.0)")
     parser.add_argument(
         "--delay-via",
-        choices=("action", "broker"),
-        default="action",
-        help="inject the delay after each executed action (default) or as the broker's batch wait",
+        choices=("step", "action", "broker"),
+        default="step",
+        help="inject the delay at every step (env.step_latency_s, default), after each executed action "
+        "(agent.sleep_after_action_s: the tiny random model's responses rarely parse, so rarely paid), or "
+        "as the broker's batch wait",
     )
     parser.add_argument("--staleness", type=int, default=1, help="max staleness of the async run (default 1)")
     parser.add_argument("--keep", action="store_true", help="keep the run directories (printed)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config setting for both modes"
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="runs again (reported) a run in which an actor crashed and was restarted (default 2)",
+    )
     args = parser.parse_args()
-    result = run(args.quick, max(1, args.rounds), args.delay, args.delay_via, args.staleness, args.keep)
+    result = run(
+        args.quick,
+        max(1, args.rounds),
+        args.delay,
+        args.delay_via,
+        args.staleness,
+        args.keep,
+        args.set,
+        max(0, args.retries),
+    )
     rows = (
         ("samples/s (summary)", "samples_per_s"),
         ("samples/s (steady)", "steady_samples_per_s"),
@@ -253,6 +343,13 @@ def main() -> None:
         f"{'met' if result['target_ratio_met'] else 'NOT met'} · async env utilisation >= "
         f"{TARGET_UTILISATION:.0%}: {'met' if result['target_utilisation_met'] else 'NOT met'}"
     )
+    if not result["valid"]:
+        exits = {m: result[m]["actor_exits_by_name"] for m in MODES}
+        print(f"NOT VALID: actors crashed and were restarted during the runs {exits}; see the log above")
+    if any(result["runs_discarded_for_crashes"].values()):
+        print(f"runs run again after an actor crashed: {result['runs_discarded_for_crashes']}")
+    if not result["delay_paid"]:
+        print("NOT VALID: no step executed an action, so agent.sleep_after_action_s was never paid")
     print(json.dumps(result))
 
 
