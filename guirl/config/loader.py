@@ -236,7 +236,9 @@ def load_config(
     """
     layer: _Layer = {}
     if path is not None:
-        layer.update(_from_toml_file(Path(path)))
+        from_file = _from_toml_file(Path(path))
+        # a saved (resolved) config has its secrets redacted: "***" is no key; the environment brings it
+        layer.update({k: v for k, v in from_file.items() if not (k in SECRET_KEYS and v[0] == REDACTED)})
     layer.update(_from_env(os.environ if env is None else env))
     layer.update(_from_overrides(overrides))
     try:

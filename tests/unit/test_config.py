@@ -253,7 +253,7 @@ def test_save_resolved_redacts_secrets(tmp_path: Path) -> None:
     text = saved.read_text()
     assert "wandb-secret-123" not in text
     assert 'project = "proj"' in text
-    assert load_config(saved, env={}).wandb.key == "***"
+    assert load_config(saved, env={}).wandb.key == ""  # a redacted secret is never read back as a value
     assert [p.name for p in tmp_path.iterdir()] == ["config.toml"]  # no temporary left behind
 
 
@@ -279,3 +279,14 @@ def test_vms_are_shared_out_over_workers():
     assert vm_split(5, 2) == [3, 2]
     assert vm_split(1, 3) == [1, 1, 1]  # every worker gets a VM
     assert vm_split(64, 2, per_worker=4) == [4, 4]
+
+
+def test_a_saved_config_loads_back_without_its_redacted_secrets(tmp_path):
+    from guirl.config import load_config, save_resolved
+
+    cfg = load_config(env={"WANDB_KEY": "sekret", "WANDB_PROJECT": "p"})
+    path = save_resolved(cfg, tmp_path)
+    assert "sekret" not in path.read_text()
+    again = load_config(path, env={})
+    assert again.wandb.key == "" and again.wandb.project == "p"  # never the literal "***"
+    assert load_config(path, env={"WANDB_KEY": "fresh"}).wandb.key == "fresh"
