@@ -65,6 +65,7 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
 async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir: Path, out: TextIO) -> None:
     """Print progress until the learner has made its updates; fail if an actor cannot be kept up."""
     started, last = time.monotonic(), ""
+    kill_at = cfg.train.fault_kill_worker_at_version
     while True:
         coord.progress.clear()
         try:
@@ -79,6 +80,12 @@ async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir
                     train_progress_line(coord, _last_metrics(run_dir / "metrics.jsonl"), 0, started) + "\n"
                 )
                 return
+        if kill_at and coord.learner_version >= kill_at and "worker0" in sup.actors:
+            kill_at = 0  # once
+            pid = sup.kill("worker0")
+            out.write(
+                f"[train] fault injection: SIGKILLed worker0 (pid {pid}) at version {coord.learner_version}\n"
+            )
         line = train_progress_line(
             coord, _last_metrics(run_dir / "metrics.jsonl"), cfg.train.updates, started
         )

@@ -383,6 +383,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
     sync: bool = False
     """Run rollout and training in turns (no overlap), for comparison with the decoupled default."""
+    fault_kill_worker_at_version: NonNegInt = 0
+    """Fault injection for tests: SIGKILL env worker 0 once the learner reaches this version (0 = off)."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -65,3 +65,32 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 2 and summary["final_version"] == 2 and summary["sync"] is sync
     assert "[train] version 2" in out.stdout
+
+
+def test_a_worker_killed_mid_run_does_not_stall_the_learner(tmp_path, tiny_ckpt):
+    """SIGKILL the env worker after the first update: the supervisor restarts it (its desktops are reaped),
+    the coordinator retries the episodes it was playing, and the learner makes every update."""
+    cmd = [
+        *GUIRL,
+        "train",
+        "--config",
+        str(ROOT / "configs" / "local_rl.toml"),
+        "--ckpt",
+        tiny_ckpt,
+        "--updates",
+        "3",
+        "--max-steps",
+        "2",
+        "--set",
+        f"run.root_dir={tmp_path}",
+        "--set",
+        "train.fault_kill_worker_at_version=1",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "fault injection: SIGKILLed worker0" in out.stdout
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 3 and summary["final_version"] == 3
+    assert summary["env_errors"] >= 1  # the killed worker's episodes: retried, never trained as failures
