@@ -11,6 +11,7 @@ the VMs wait), for comparison. Metrics per update go to `metrics.jsonl`; a progr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import sys
@@ -114,6 +115,11 @@ async def run_train(
         cfg = msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, max_staleness=0))
         t = cfg.train
     tasks = load_suite(t.tasks)
+    eval_tasks = (
+        load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+        if t.eval_every
+        else []
+    )
     ckpt = resolve_checkpoint(cfg)
     resume_from = None
     if resume:
@@ -145,6 +151,9 @@ async def run_train(
         max_steps=cfg.agent.max_steps,
         seed=cfg.run.seed,
         state_path=str(run_dir / "coordinator.json"),
+        eval_tasks=eval_tasks,
+        eval_every=t.eval_every,
+        eval_log=str(run_dir / "eval.jsonl"),
         runtime=cfg.runtime,
         codec=cfg.codec,
         bind=[cfg.endpoints.coordinator],
@@ -221,6 +230,17 @@ async def run_train(
                 )
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             await _follow(coord, sup, cfg, run_dir, out)
+            coord.no_more_groups = True  # the updates are made: let the last evaluation finish
+            deadline = time.monotonic() + 600
+            while coord.evals_pending() and time.monotonic() < deadline:
+                coord.progress.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(coord.progress.wait(), 5)
+            for line in coord.eval_lines:
+                out.write(
+                    f"[train] evaluation at version {line['version']}: accuracy {line['accuracy']} "
+                    f"({line['scored']}/{line['tasks']} scored) {line['domains']}\n"
+                )
             snap = coord.snapshot()  # before shutting down: stopping takes time that is not the run's
             coord.finish()
             await sup.stop_all()
@@ -252,6 +272,7 @@ async def run_train(
         "reward_mean_by_update": [m.get("reward_mean") for m in metrics],
         "learner_idle_frac": metrics[-1].get("learner_idle_frac") if metrics else None,
         "env_utilisation": env_utilisation,
+        "evaluations": coord.eval_lines,
         "steady_samples_per_s": steady,
     }
     _write_json(run_dir / "summary.json", summary)

@@ -54,6 +54,7 @@ class _Todo:
     sample_index: int = 0
     attempt: int = 0
     group_id: str = ""
+    eval_version: int = -1  # a periodic evaluation episode of the policy at this version (train mode)
 
 
 @dataclass
@@ -99,6 +100,9 @@ class Coordinator(Actor):
         max_staleness: int = 0,
         max_groups: int = 0,
         state_path: str = "",
+        eval_tasks: list[SuiteTask] | None = None,
+        eval_every: int = 0,
+        eval_log: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -139,6 +143,12 @@ class Coordinator(Actor):
         self.state_path = Path(state_path) if state_path else None
         self.admitted_groups: dict[str, str] = {}  # group id -> task id, in admission order (train mode)
         self.reissued = 0
+        self.eval_tasks = list(eval_tasks or [])
+        self.eval_every = eval_every
+        self.eval_log = Path(eval_log) if eval_log else None
+        self.eval_rounds: dict[int, dict[str, TaskResult]] = {}  # version -> task id -> result
+        self.eval_lines: list[dict[str, Any]] = []
+        self.no_more_groups = False  # the learner is done: finish the evaluations, admit nothing new
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -163,6 +173,8 @@ class Coordinator(Actor):
                     self.learner_version = version
                     self.counters["learner.version"] = version
                     self.save_state()
+                    if self.mode == "train" and self.eval_every and version % self.eval_every == 0:
+                        self._schedule_eval(version)
                 return Ack(note=f"{self.admission_limit()} episodes may be admitted")
         return await super().handle(req)
 
@@ -185,7 +197,11 @@ class Coordinator(Actor):
     def _refill(self) -> str:
         """Admit whole groups while the bound allows; returns why nothing more can be admitted."""
         while not self.todo:
-            if self.mode == "eval" or (self.max_groups and self.groups >= self.max_groups):
+            if (
+                self.mode == "eval"
+                or self.no_more_groups
+                or (self.max_groups and self.groups >= self.max_groups)
+            ):
                 return "done"
             if self.admitted + self.n_samples > self.admission_limit():
                 self.counters["admission.blocked"] += 1
@@ -293,8 +309,9 @@ class Coordinator(Actor):
             attempt=todo.attempt,
             max_steps=self.max_steps,
             seed=self.seed + self._seq,
-            mode=self.mode,  # type: ignore[arg-type]
+            mode="eval" if todo.eval_version >= 0 else self.mode,  # type: ignore[arg-type]
             domain=todo.task.domain,
+            temperature=0.0 if todo.eval_version >= 0 else None,
         )
 
     def _end(self, ended: EpisodeEnded) -> Ack:
@@ -314,7 +331,9 @@ class Coordinator(Actor):
             self.env_errors[key].append(ended.env_error)
         if ended.status == "retried":
             if todo.attempt + 1 < self.max_attempts:
-                self.todo.appendleft(_Todo(todo.task, todo.sample_index, todo.attempt + 1, todo.group_id))
+                self.todo.appendleft(
+                    _Todo(todo.task, todo.sample_index, todo.attempt + 1, todo.group_id, todo.eval_version)
+                )
                 log.warning(
                     "episode %s of %s: environment error, retrying: %s",
                     eid,
@@ -334,10 +353,50 @@ class Coordinator(Actor):
         self.progress.set()
         return Ack()
 
+    # -- periodic evaluation (train mode) -----------------------------------------------------------
+
+    def _schedule_eval(self, version: int) -> None:
+        """Queue one greedy episode of every eval task for the policy at `version`, ahead of new groups;
+        evaluation episodes are not training samples and do not count against the staleness bound."""
+        if not self.eval_tasks or version in self.eval_rounds:
+            return
+        self.eval_rounds[version] = {}
+        self.todo.extend(
+            _Todo(t, 0, 0, f"eval@{version}/{t.task_id}", eval_version=version) for t in self.eval_tasks
+        )
+        self.counters["eval.rounds"] += 1
+
+    def evals_pending(self) -> bool:
+        return any(len(r) < len(self.eval_tasks) for r in self.eval_rounds.values())
+
+    def _eval_result(self, todo: _Todo, result: TaskResult) -> None:
+        results = self.eval_rounds[todo.eval_version]
+        results[todo.task.task_id] = result
+        if len(results) < len(self.eval_tasks):
+            return
+        scored = [r for r in results.values() if r.status == "completed"]
+        domains: dict[str, list[float]] = collections.defaultdict(list)
+        for r in scored:
+            domains[r.domain].append(r.score or 0.0)
+        line = {
+            "version": todo.eval_version,
+            "tasks": len(results),
+            "scored": len(scored),
+            "accuracy": round(sum(r.score or 0.0 for r in scored) / len(scored), 4) if scored else None,
+            "domains": {d: round(sum(v) / len(v), 4) for d, v in sorted(domains.items())},
+            "time": round(time.time(), 3),
+        }
+        self.eval_lines.append(line)
+        self.progress.set()
+        log.info("evaluation at version %d: accuracy %s", todo.eval_version, line["accuracy"])
+        if self.eval_log is not None:
+            with open(self.eval_log, "a") as f:
+                f.write(json.dumps(line) + "\n")
+
     def _final(
         self, key: tuple[str, int], todo: _Todo, ended: EpisodeEnded, status: str, run: _Running
     ) -> None:
-        self.results[key] = TaskResult(
+        result = TaskResult(
             task_id=todo.task.task_id,
             domain=todo.task.domain,
             status=status,
@@ -349,6 +408,10 @@ class Coordinator(Actor):
             env_errors=list(self.env_errors.get(key, [])),
             seconds=ended.seconds,
         )
+        if todo.eval_version >= 0:  # an evaluation episode: its own bookkeeping, not the run's total
+            self._eval_result(todo, result)
+            return
+        self.results[key] = result
         if len(self.results) == self.total:
             self.all_done.set()
 

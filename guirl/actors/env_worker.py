@@ -473,6 +473,8 @@ class EnvWorker(Actor):
         """One policy request; an overloaded or restarting broker is retried with backoff (it is
         idempotent: an answer nobody waits for is dropped), a broker that stays away is an env error."""
         a = self.agent
+        # the assignment may set it (periodic evaluation in train mode is greedy)
+        temperature = a.temperature if ep.temperature is None else ep.temperature
         request = PolicyRequest(
             episode_id=ep.episode_id,
             step=step,
@@ -482,10 +484,10 @@ class EnvWorker(Actor):
                 for png, (w, h) in zip(prompt.images, prompt.image_sizes, strict=True)
             ],
             sampling=SamplingParams(
-                temperature=a.temperature,
+                temperature=temperature,
                 top_p=a.top_p,
                 max_new_tokens=a.max_new_tokens,
-                seed=ep.seed * 1000 + step if a.temperature > 0 else None,
+                seed=ep.seed * 1000 + step if temperature > 0 else None,
             ),
             task_id=ep.task_id,
         )

@@ -237,6 +237,8 @@ class EpisodeAssignment(Message):
     seed: int = 0
     mode: Literal["train", "eval"] = "train"
     domain: str = ""
+    temperature: float | None = None
+    """Sampling temperature for this episode instead of the worker's (periodic evaluation: greedy)."""
 
 
 class NoWork(Message):

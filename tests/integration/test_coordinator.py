@@ -253,3 +253,40 @@ def test_a_restarted_learner_gets_the_groups_it_lost(tmp_path):
             state_path=str(state),
         )
     )
+
+
+def test_periodic_evaluation_in_train_mode(tmp_path):
+    """At every `eval_every` versions, one greedy eval-mode episode per eval task comes before new groups;
+    its result goes to eval.jsonl, not into the training results or the staleness bound."""
+    cfg = fast_config()
+    log = tmp_path / "eval.jsonl"
+    evals = [SuiteTask(f"e{i}", "d", {"id": f"e{i}"}) for i in range(2)]
+
+    async def body(coord, conn):
+        first = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]  # the first group
+        assert all(w.mode == "train" and w.temperature is None for w in first)
+        await conn.request(WeightsPublished(version=1))
+        ev = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
+        assert [(w.mode, w.temperature, w.task_id) for w in ev] == [("eval", 0.0, "e0"), ("eval", 0.0, "e1")]
+        admitted = coord.admitted
+        for w, score in zip(ev, (1.0, 0.0), strict=True):
+            await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", score=score))
+        (line,) = [json.loads(x) for x in log.read_text().splitlines()]
+        assert line["version"] == 1 and line["accuracy"] == 0.5 and line["tasks"] == 2
+        assert coord.admitted == admitted and not any(k[0].startswith("eval@") for k in coord.results)
+        assert not coord.evals_pending()
+
+    run(
+        _with_coordinator(
+            cfg,
+            _tasks(2),
+            body,
+            mode="train",
+            n_samples=2,
+            batch_size=1,
+            max_staleness=0,
+            eval_tasks=evals,
+            eval_every=1,
+            eval_log=str(log),
+        )
+    )
