@@ -329,7 +329,11 @@ class Coordinator(Actor):
         key = (todo.group_id, todo.sample_index)
         if ended.env_error:
             self.env_errors[key].append(ended.env_error)
-        if ended.status == "retried":
+        if ended.status == "retried" and self.no_more_groups and todo.eval_version < 0:
+            # the learner made its updates: a training episode cut short now is not played again
+            self.counters["episodes.cut_by_end"] += 1
+            self._final(key, todo, ended, "aborted", run)
+        elif ended.status == "retried":
             if todo.attempt + 1 < self.max_attempts:
                 self.todo.appendleft(
                     _Todo(todo.task, todo.sample_index, todo.attempt + 1, todo.group_id, todo.eval_version)
