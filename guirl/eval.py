@@ -155,6 +155,22 @@ async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: T
         out.write("\n")
 
 
+def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> ActorSpec:
+    """The inference broker of a run (eval and train modes alike)."""
+    return ActorSpec(
+        name="broker",
+        target="guirl.actors.broker:InferenceBroker",
+        bind=[cfg.endpoints.broker],
+        run_dir=str(run_dir),
+        options={
+            "inference": msgspec.to_builtins(cfg.inference),
+            "ckpt": ckpt,
+            "screen": [cfg.env.screen_width, cfg.env.screen_height],
+            "coordinates": cfg.agent.coordinates,
+        },
+    )
+
+
 async def _start_or_explain(sup: Supervisor, spec: ActorSpec) -> Any:
     try:
         return await sup.start(spec)
@@ -189,21 +205,7 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(
-                sup,
-                ActorSpec(
-                    name="broker",
-                    target="guirl.actors.broker:InferenceBroker",
-                    bind=[cfg.endpoints.broker],
-                    run_dir=str(run_dir),
-                    options={
-                        "inference": msgspec.to_builtins(cfg.inference),
-                        "ckpt": ckpt,
-                        "screen": [cfg.env.screen_width, cfg.env.screen_height],
-                        "coordinates": cfg.agent.coordinates,
-                    },
-                ),
-            )
+            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir))
             print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
             vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
             prewarm = vm_split(cfg.env.prewarm_envs, e.workers) if cfg.env.prewarm_envs else [0] * e.workers

@@ -26,7 +26,7 @@ from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
-from guirl.eval import EvalError, _start_or_explain, _write_json, resolve_checkpoint, vm_split
+from guirl.eval import EvalError, _start_or_explain, _write_json, broker_spec, resolve_checkpoint, vm_split
 from guirl.vmpool.tasks.suite import load_suite
 
 log = logging.getLogger(__name__)
@@ -169,21 +169,7 @@ async def run_train(
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(
-                sup,
-                ActorSpec(
-                    name="broker",
-                    target="guirl.actors.broker:InferenceBroker",
-                    bind=[cfg.endpoints.broker],
-                    run_dir=str(run_dir),
-                    options={
-                        "inference": msgspec.to_builtins(cfg.inference),
-                        "ckpt": ckpt,
-                        "screen": [cfg.env.screen_width, cfg.env.screen_height],
-                        "coordinates": cfg.agent.coordinates,
-                    },
-                ),
-            )
+            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir))
             learner = await _start_or_explain(
                 sup,
                 ActorSpec(
