@@ -10,9 +10,7 @@ the run directory holds the resolved config, the message logs and `summary.json`
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,15 +19,10 @@ from guirl.actors.demo import DemoCoordinator
 from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
+from guirl.fileio import write_json_atomic
 from guirl.msglog import LogReader, Recorder
 
 log = logging.getLogger(__name__)
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 async def _run_actors(

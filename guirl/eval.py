@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
-import os
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,6 +24,7 @@ from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
+from guirl.fileio import write_json_atomic
 from guirl.vmpool.tasks.suite import load_suite
 
 log = logging.getLogger(__name__)
@@ -37,12 +36,6 @@ TINY_CACHE = Path(".cache") / "tiny-qwen3vl"
 
 class EvalError(RuntimeError):
     """The run could not finish (an actor kept crashing, a deadline passed)."""
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def resolve_checkpoint(cfg: GuirlConfig) -> str:
@@ -263,10 +256,10 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
         "env_errors": snap["env_errors"],
         "aborted": snap["aborted"],
         "steps": snap["steps"],
-        "outcomes": _count(r.outcome for r in results if r.status == "completed"),
+        "outcomes": dict(Counter(r.outcome for r in results if r.status == "completed")),
         "results": [dataclasses.asdict(r) for r in results],
     }
-    _write_json(run_dir / "summary.json", summary)
+    write_json_atomic(run_dir / "summary.json", summary)
     print(table, file=out)
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary["outcomes"].items())) or "none"
     print(
@@ -279,10 +272,3 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
         file=out,
     )
     return summary
-
-
-def _count(items: Any) -> dict[str, int]:
-    counts: dict[str, int] = defaultdict(int)
-    for item in items:
-        counts[item] += 1
-    return dict(counts)

@@ -26,18 +26,11 @@ from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
-from guirl.eval import EvalError, _start_or_explain, _write_json, broker_spec, resolve_checkpoint, vm_split
+from guirl.eval import EvalError, _start_or_explain, broker_spec, resolve_checkpoint, vm_split
+from guirl.fileio import last_json_line, write_json_atomic
 from guirl.vmpool.tasks.suite import load_suite
 
 log = logging.getLogger(__name__)
-
-
-def _last_metrics(path: Path) -> dict[str, Any]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return {}
-    return json.loads(lines[-1]) if lines else {}
 
 
 def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: int, started: float) -> str:
@@ -78,7 +71,7 @@ async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir
                 raise EvalError(f"actor {e.name} kept crashing ({e.detail}); see its log")
             if e.kind == "completed" and e.name == "learner":
                 out.write(
-                    train_progress_line(coord, _last_metrics(run_dir / "metrics.jsonl"), 0, started) + "\n"
+                    train_progress_line(coord, last_json_line(run_dir / "metrics.jsonl"), 0, started) + "\n"
                 )
                 return
         if kill_at and coord.learner_version >= kill_at and "worker0" in sup.actors:
@@ -88,7 +81,7 @@ async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir
                 f"[train] fault injection: SIGKILLed worker0 (pid {pid}) at version {coord.learner_version}\n"
             )
         line = train_progress_line(
-            coord, _last_metrics(run_dir / "metrics.jsonl"), cfg.train.updates, started
+            coord, last_json_line(run_dir / "metrics.jsonl"), cfg.train.updates, started
         )
         if line.split(" · ")[:2] != last.split(" · ")[:2]:
             out.write(line + "\n")
@@ -261,7 +254,7 @@ async def run_train(
         "evaluations": coord.eval_lines,
         "steady_samples_per_s": steady,
     }
-    _write_json(run_dir / "summary.json", summary)
+    write_json_atomic(run_dir / "summary.json", summary)
     print(
         f"[train] {summary['updates']} updates (version {summary['final_version']}) in {elapsed:.1f} s · "
         f"{summary['episodes']} episodes, {summary['env_steps']} env steps, {steps_trained} samples trained "

@@ -21,7 +21,6 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from guirl.actors.base import Actor, Request
+from guirl.fileio import write_json_atomic
 from guirl.messages import CoordinatorChannel
 from guirl.messages.types import (
     Ack,
@@ -231,9 +231,7 @@ class Coordinator(Actor):
     def save_state(self) -> None:
         if self.state_path is None or self.mode != "train":
             return
-        tmp = self.state_path.with_name(f".{self.state_path.name}.tmp")
-        tmp.write_text(json.dumps(self.state()))
-        os.replace(tmp, self.state_path)
+        write_json_atomic(self.state_path, self.state(), indent=None)
 
     def restore(self, state: dict[str, Any], trained_groups: set[str], version: int) -> int:
         """Carry on from a saved state and the learner checkpoint it resumes at `version`: every group

@@ -21,7 +21,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +35,7 @@ from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
 from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
 from guirl.config.schema import AgentConfig, EnvConfig
+from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
 from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel
 from guirl.messages.types import (
@@ -119,12 +119,6 @@ def _messages_json(messages: list[ChatMessage]) -> list[dict]:
         parts = [{"text": p.text} if hasattr(p, "text") else {"image": p.index} for p in m.parts]
         out.append({"role": m.role, "parts": parts})
     return out
-
-
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 class EnvWorker(Actor):
@@ -274,7 +268,7 @@ class EnvWorker(Actor):
             "seconds": seconds,
             "worker": self.name,
         }
-        _write_json(episode.dir / "result.json", result)
+        write_json_atomic(episode.dir / "result.json", result)
         return EpisodeEnded(
             episode_id=ep.episode_id,
             status="retried" if env_error else "completed",
@@ -370,7 +364,6 @@ class EnvWorker(Actor):
             for step in range(ep.max_steps):
                 if lease.broken:
                     raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
-                self.pool.heartbeat(lease.lease_id)
                 if step == self.fault_step:
                     self.fault_step = -1  # once per worker
                     log.warning("fault injection: killing VM %s at step %d", lease.vm_id, step)

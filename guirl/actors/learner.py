@@ -147,9 +147,6 @@ class Learner(Actor):
             ).to(self.device)
             self.ref_model.eval().requires_grad_(False)
         self.renderer = ChatRenderer.load(self.ckpt)
-        vision = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-        ids = self.renderer.tokenizer.convert_tokens_to_ids(list(vision))
-        self._vision_ids = {i for i in ids if i is not None and i != self.renderer.tokenizer.unk_token_id}
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
         )
@@ -229,7 +226,8 @@ class Learner(Actor):
                 continue
             try:
                 made = samples_from_trajectory(traj, a)
-                bad = next((s for s in made if self._vision_ids.intersection(s.response_ids)), None)
+                vision = self.renderer.vision_token_ids
+                bad = next((s for s in made if vision.intersection(s.response_ids)), None)
                 if bad is not None:  # the forward would count it as an image slot and fail the batch
                     raise ValueError(f"{bad.name}: the response holds a vision token")
                 samples.extend(made)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from guirl.agent.prompt import VISION_TOKENS
 from guirl.messages.types import ChatMessage, ImagePart, TextPart
 
 
@@ -60,6 +61,10 @@ class ChatRenderer:
         self.merge_size = int(image_processor.merge_size)
         self.image_token_id = int(tokenizer.convert_tokens_to_ids("<|image_pad|>"))
         self.vision_start_id = int(tokenizer.convert_tokens_to_ids("<|vision_start|>"))
+        unk = tokenizer.unk_token_id
+        ids = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
+        self.vision_token_ids: frozenset[int] = frozenset(i for i in ids if i is not None and i != unk)
+        """Ids of the vision tokens: a response must never hold one (it would be taken for an image slot)."""
 
     @classmethod
     def load(cls, ckpt_dir: str | Path) -> ChatRenderer:

@@ -165,11 +165,7 @@ class HFEngine:
         self._vocab = int(model.get_input_embeddings().num_embeddings)
         # A response must never contain the vision tokens: in a later prompt (history) or in training the
         # model would take them for image slots. A random model samples them; a real one rarely does.
-        vision = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-        unk = renderer.tokenizer.unk_token_id
-        self._suppress = sorted(
-            {i for i in renderer.tokenizer.convert_tokens_to_ids(list(vision)) if i is not None and i != unk}
-        )
+        self._suppress = sorted(renderer.vision_token_ids)
         self._renderer, self._model = renderer, model
 
     async def health(self) -> bool:

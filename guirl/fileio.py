@@ -1,0 +1,29 @@
+"""Small file helpers shared by the run's writers and readers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
+    """Write `data` as JSON to a temporary sibling, then rename it into place: a reader (or a kill) never
+    sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    os.replace(tmp, path)
+
+
+def last_json_line(path: Path, *, block: int = 1 << 16) -> dict[str, Any]:
+    """The last line of a JSON-lines file as an object ({} if there is none), reading only its tail: a
+    progress display polls it every second while the file grows for days."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - block))
+            lines = f.read().splitlines()
+    except OSError:
+        return {}
+    return json.loads(lines[-1]) if lines and lines[-1].strip() else {}
