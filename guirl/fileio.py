@@ -27,3 +27,31 @@ def last_json_line(path: Path, *, block: int = 1 << 16) -> dict[str, Any]:
     except OSError:
         return {}
     return json.loads(lines[-1]) if lines and lines[-1].strip() else {}
+
+
+class JsonlTail:
+    """The JSON lines appended to a file since the last `read` (a follower of `metrics.jsonl`): only
+    complete lines, each once; a line that is not a JSON object is skipped."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        self.offset += end
+        out = []
+        for line in data[:end].splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                out.append(obj)
+        return out

@@ -27,18 +27,64 @@ from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
 from guirl.eval import EvalError, _start_or_explain, broker_spec, resolve_checkpoint, vm_split
-from guirl.fileio import last_json_line, write_json_atomic
+from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
+from guirl.tracking import Tracker
 from guirl.vmpool.tasks.suite import load_suite
 
 log = logging.getLogger(__name__)
+
+
+def _env_utilisation(snap: dict[str, Any]) -> float:
+    """The share of VM time spent in episodes so far."""
+    vm_time = snap["slots"] * snap["vm_elapsed_s"]
+    return min(1.0, snap["episode_s"] / vm_time) if vm_time > 0 else 0.0
+
+
+class _Tracking:
+    """Each update's metrics line (and each evaluation) to W&B, with the coordinator's view beside it."""
+
+    def __init__(self, tracker: Tracker, run_dir: Path) -> None:
+        self.tracker = tracker
+        self.tail = JsonlTail(run_dir / "metrics.jsonl")
+        self.step = 0
+        self.evals = 0
+
+    def poll(self, coord: Coordinator, started: float) -> None:
+        if not self.tracker.enabled:
+            return
+        new = self.tail.read()
+        if new or len(coord.eval_lines) > self.evals:
+            snap = coord.snapshot()
+            elapsed = time.monotonic() - started
+            env = {
+                "env/utilisation": _env_utilisation(snap),
+                "env/episodes": len(coord.ended),
+                "env/errors": snap["env_errors"],
+                "env/steps_per_s": snap["steps"] / elapsed if elapsed > 0 else 0.0,
+            }
+        for m in new:
+            if m.get("version", 0) <= self.step:  # a restarted learner repeats its checkpoint's version
+                continue
+            self.step = int(m["version"])
+            self.tracker.log({**m, **env}, step=self.step)
+        for line in coord.eval_lines[self.evals :]:
+            self.tracker.log(
+                {
+                    "eval/accuracy": line["accuracy"],
+                    "eval/version": line["version"],
+                    "eval/scored": line["scored"],
+                    **{f"eval/{d}": v for d, v in (line.get("domains") or {}).items()},
+                },
+                step=max(self.step, 1),
+            )
+        self.evals = len(coord.eval_lines)
 
 
 def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: int, started: float) -> str:
     snap = coord.snapshot()
     elapsed = time.monotonic() - started
     target = f"/{updates}" if updates else ""
-    vm_time = snap["slots"] * snap["vm_elapsed_s"]
-    util = snap["episode_s"] / vm_time if vm_time > 0 else 0.0
+    util = _env_utilisation(snap)
     parts = [
         f"[train] version {coord.learner_version}{target}",
         f"env utilisation {util:.0%}",
@@ -56,8 +102,11 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
     return " · ".join(parts)
 
 
-async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir: Path, out: TextIO) -> None:
-    """Print progress until the learner has made its updates; fail if an actor cannot be kept up."""
+async def _follow(
+    coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir: Path, out: TextIO, tracking: _Tracking
+) -> None:
+    """Print progress (and log it to W&B) until the learner has made its updates; fail if an actor cannot
+    be kept up."""
     started, last = time.monotonic(), ""
     kill_at = cfg.train.fault_kill_worker_at_version
     while True:
@@ -66,6 +115,7 @@ async def _follow(coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir
             await asyncio.wait_for(coord.progress.wait(), cfg.eval.progress_interval_s)
         except TimeoutError:
             pass
+        tracking.poll(coord, started)
         for e in sup.history:
             if e.kind == "gave_up":
                 raise EvalError(f"actor {e.name} kept crashing ({e.detail}); see its log")
@@ -125,6 +175,28 @@ async def run_train(
             raise InputError(f"{run_dir}: no complete checkpoint to resume from")
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
+    tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
+    try:
+        summary = await _train(cfg, run_dir, tracker, tasks, eval_tasks, ckpt, resume_from, out)
+    except BaseException:
+        tracker.close(exit_code=1)
+        raise
+    tracker.summary(summary)
+    tracker.close()
+    return summary
+
+
+async def _train(
+    cfg: GuirlConfig,
+    run_dir: Path,
+    tracker: Tracker,
+    tasks: list,
+    eval_tasks: list,
+    ckpt: str,
+    resume_from: Path | None,
+    out: TextIO,
+) -> dict:
+    t, e = cfg.train, cfg.eval
     r = cfg.rollout
     started = time.monotonic()
     mode = "sync" if t.sync else f"decoupled, max staleness {t.max_staleness}"
@@ -182,6 +254,7 @@ async def run_train(
                         "seed": cfg.run.seed,
                         "engines": cfg.inference.engines,
                         "resume_from": str(resume_from or ""),
+                        "ranks": t.ranks,
                     },
                 ),
             )
@@ -208,7 +281,8 @@ async def run_train(
                     ),
                 )
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
-            await _follow(coord, sup, cfg, run_dir, out)
+            tracking = _Tracking(tracker, run_dir)
+            await _follow(coord, sup, cfg, run_dir, out, tracking)
             coord.no_more_groups = True  # the updates are made: let the last evaluation finish
             deadline = time.monotonic() + 600
             while coord.evals_pending() and time.monotonic() < deadline:
@@ -220,6 +294,7 @@ async def run_train(
                     f"[train] evaluation at version {line['version']}: accuracy {line['accuracy']} "
                     f"({line['scored']}/{line['tasks']} scored) {line['domains']}\n"
                 )
+            tracking.poll(coord, started)
             snap = coord.snapshot()  # before shutting down: stopping takes time that is not the run's
             coord.finish()
             await sup.stop_all()

@@ -6,7 +6,10 @@ coordinator hears the new version, which opens its staleness gate) → log metri
 arriving while it trains: acting never waits for learning. All torch work runs on one dedicated thread,
 so the mailbox keeps answering.
 
-This is the single-process learner; FSDP2 over torchrun ranks wraps the same step.
+The torch side is a `Trainer` (guirl/learner/trainer.py): with `ranks > 1` this actor is rank 0 of a
+data-parallel FSDP2 job and drives ranks 1..N-1, which it starts itself on a local run (under torchrun
+they exist already). A rank that dies takes the actor down with it; the supervisor restarts the learner,
+which resumes from the latest checkpoint with fresh ranks.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Learner(Actor):
         seed: int = 0,
         engines: int = 1,
         resume_from: str = "",
+        ranks: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -65,6 +69,13 @@ class Learner(Actor):
         self.device = device
         self.seed = seed
         self.engines = engines  # broker engines that join the weight group
+        if ranks < 1:
+            raise ValueError(f"ranks must be >= 1, got {ranks}")
+        self.ranks = ranks
+        self._followers: list[Any] = []
+        self._rendezvous: dict[str, str] | None = None  # rank 0's torchrun variables, for ranks it starts
+        self._watchers: list[asyncio.Task] = []
+        self.trainer: Any = None
         self._group: Any = None  # the open WeightGroupSpec, once the first broadcast has set it up
         self._sender: Any = None
         self.version = 0
@@ -100,6 +111,8 @@ class Learner(Actor):
             # restarted by the supervisor mid-run: carry on from the run's latest checkpoint, never from
             # the starting weights (the engines are ahead of those)
             self.resume_from = latest_checkpoint(self.run_dir)
+        if self.ranks > 1 and "RANK" not in os.environ:
+            self._start_followers()
         await self._torch(self._load)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.version > 0:
@@ -115,41 +128,60 @@ class Learner(Actor):
         log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
 
     async def teardown(self) -> None:
-        if self._sender is not None and self._executor is not None:
-            await self._torch(self._sender.close)
+        for w in self._watchers:
+            w.cancel()
         if self._executor is not None:
+            if self._sender is not None:
+                await self._torch(self._sender.close)
+            if self.trainer is not None and self.trainer.info is not None:
+                try:  # releases the followers; an in-flight step finishes first (one thread)
+                    await self._torch(self.trainer.stop)
+                except Exception as exc:  # a rank already gone
+                    log.warning("stopping the learner ranks: %s", exc)
             self._executor.shutdown(wait=True, cancel_futures=True)
+        for proc in self._followers:
+            try:
+                await asyncio.wait_for(asyncio.to_thread(proc.wait), self.runtime.shutdown_timeout_s)
+            except TimeoutError:
+                proc.kill()
+                await asyncio.to_thread(proc.wait)
+
+    def _start_followers(self) -> None:
+        from guirl.learner.trainer import spawn_followers
+
+        options = {
+            "ckpt": self.ckpt,
+            "train": msgspec.to_builtins(self.cfg),
+            "seed": self.seed,
+            "temperature": self.temperature,
+            "resume_from": str(self.resume_from or ""),
+        }
+        self._followers, self._rendezvous = spawn_followers(
+            options, world=self.ranks, log_dir=self.run_dir / "logs"
+        )
+        for rank, proc in enumerate(self._followers, start=1):
+            self._watchers.append(asyncio.create_task(self._watch(rank, proc), name=f"rank{rank}"))
+        log.info("started learner ranks 1..%d (pids %s)", self.ranks - 1, [p.pid for p in self._followers])
+
+    async def _watch(self, rank: int, proc: Any) -> None:
+        code = await asyncio.to_thread(proc.wait)
+        if not self.stopping:  # a rank gone mid-run: the job cannot go on without it
+            self.crash(
+                FatalError(f"learner rank {rank} exited with code {code}; see logs/learner-rank{rank}.log")
+            )
 
     async def _torch(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     def _load(self) -> None:
-        import torch
-        from transformers import Qwen3VLForConditionalGeneration
-        from transformers.utils import logging as hf_logging
+        from guirl.learner.trainer import Trainer
 
-        hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
-
-        from guirl.inference.chat import ChatRenderer
-
-        torch.manual_seed(self.seed)
-        weights = self.resume_from / "model" if self.resume_from is not None else Path(self.ckpt)
-        if not (weights / "config.json").is_file():
-            raise FatalError(f"{str(weights)!r} is not a checkpoint directory (no config.json)")
-        self.model = Qwen3VLForConditionalGeneration.from_pretrained(
-            weights, local_files_only=True, torch_dtype=torch.float32
-        ).to(self.device)
-        self.model.train()
-        self.ref_model = None
-        if self.cfg.kl_coef > 0:  # the frozen reference: the starting checkpoint, even in a resumed run
-            self.ref_model = Qwen3VLForConditionalGeneration.from_pretrained(
-                self.ckpt, local_files_only=True, torch_dtype=torch.float32
-            ).to(self.device)
-            self.ref_model.eval().requires_grad_(False)
-        self.renderer = ChatRenderer.load(self.ckpt)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
-        )
+        self.trainer = Trainer(ckpt=self.ckpt, train=self.cfg, seed=self.seed, temperature=self.temperature)
+        try:
+            self.trainer.load(self.resume_from, rendezvous=self._rendezvous)
+        except ValueError as exc:  # not a checkpoint directory
+            raise FatalError(str(exc)) from exc
+        self.renderer = self.trainer.renderer
         if self.resume_from is not None:
             self._restore(self.resume_from)
 
@@ -256,48 +288,21 @@ class Learner(Actor):
         }
 
     def _step(self, samples: list) -> dict[str, Any]:
-        from guirl.learner.step import train_step
-
-        c = self.cfg
-        return train_step(
-            self.model,
-            self.optimizer,
-            samples,
-            self.renderer,
-            eps_clip=c.eps_clip,
-            eps_clip_high=c.eps_clip_high,
-            tis_cap=c.tis_cap,
-            loss_agg=c.loss_agg,
-            max_tokens=c.micro_batch_tokens,
-            temperature=self.temperature if self.temperature > 0 else 1.0,
-            max_grad_norm=c.grad_clip,
-            ref_model=self.ref_model,
-            kl_coef=c.kl_coef,
-            kl_kind=c.kl_kind,
-        )
+        return self.trainer.step(samples)
 
     # -- checkpoints ---------------------------------------------------------------------------------
 
     def _checkpoint(self) -> Path:
         """`checkpoints/v<version>/`: the model in Hugging Face format (loadable by transformers, with
-        the tokenizer and image processor), the optimizer, the RNG states, and `learner.json` (version,
-        groups and episodes trained) written last; built in a temporary directory and renamed into place,
-        so a kill mid-write leaves the previous checkpoint the latest complete one."""
-        import random
-
-        import torch
-
+        the tokenizer and image processor), the optimizer (keyed by parameter name: any number of ranks
+        can resume from it), the RNG states, and `learner.json` (version, groups and episodes trained)
+        written last; built in a temporary directory and renamed into place, so a kill mid-write leaves
+        the previous checkpoint the latest complete one."""
         root = self.run_dir / "checkpoints"
         final, tmp = root / f"v{self.version:06d}", root / f".v{self.version:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp / "model", safe_serialization=True)
-        self.renderer.tokenizer.save_pretrained(tmp / "model")
-        self.renderer.image_processor.save_pretrained(tmp / "model")
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        version, internal, gauss = random.getstate()
-        rng = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
-        torch.save(rng, tmp / "rng.pt")
+        self.trainer.save(tmp)
         learner = {
             "version": self.version,
             "trained_groups": sorted(self.trained_groups),
@@ -313,16 +318,8 @@ class Learner(Actor):
         return final
 
     def _restore(self, ckpt: Path) -> None:
-        import random
-
-        import torch
-
+        """The bookkeeping of `ckpt` (the trainer has restored the model, optimizer and RNG)."""
         state = json.loads((ckpt / "learner.json").read_text())
-        self.optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-        rng = torch.load(ckpt / "rng.pt", weights_only=True)
-        torch.set_rng_state(rng["torch"])
-        version, internal, gauss = rng["python"]
-        random.setstate((version, tuple(internal), gauss))
         self.version = int(state["version"])
         self.trained_groups = set(state["trained_groups"])
         self.trained_episodes = set(state["trained_episodes"])
@@ -394,8 +391,7 @@ class Learner(Actor):
     def _send(self, version: int) -> Any:
         if not self._sender.is_open:
             self._sender.open(self._group)
-        state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        return self._sender.broadcast(state, version)
+        return self._sender.broadcast(self.trainer.full_state(), version)
 
     def _save_weights(self, version: int) -> Path:
         """The state dict as safetensors under `weights/v<version>/`, written whole then renamed into place;
@@ -406,8 +402,8 @@ class Learner(Actor):
         final, tmp = root / f"v{version:06d}", root / f".v{version:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()}
-        config = self.model.config
+        state = {k: v.contiguous() for k, v in self.trainer.full_state().items()}
+        config = self.trainer.model.config
         if getattr(config, "tie_word_embeddings", False) or getattr(
             config.get_text_config(), "tie_word_embeddings", False
         ):

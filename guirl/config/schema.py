@@ -179,12 +179,20 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Weights & Biases logging."""
+    """Weights & Biases logging (`guirl.tracking`)."""
 
     key: str = ""
-    """W&B API key; empty disables W&B."""
+    """W&B API key (needed online; never written to the run directory or sent in the run's config)."""
     project: str = "guirl"
     """W&B project name."""
+    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
+    """`auto` = online with a key, else disabled; `offline` = files in <run_dir>/wandb, no key, no network."""
+    entity: str = ""
+    """W&B entity (user or team) that owns the runs; empty = the key's default entity."""
+    name: str = ""
+    """W&B run name; empty = the run directory's name."""
+    tags: list[str] = msgspec.field(default_factory=list)
+    """Tags attached to each W&B run."""
 
 
 class VolcengineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -383,6 +391,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
     sync: bool = False
     """Run rollout and training in turns (no overlap), for comparison with the decoupled default."""
+    ranks: PosInt = 1
+    """Data-parallel learner processes (FSDP2 over gloo on CPU, NCCL on GPUs: one per learner GPU). The
+    learner actor is rank 0 and starts the others."""
     fault_kill_worker_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL env worker 0 once the learner reaches this version (0 = off)."""
 
@@ -460,6 +471,8 @@ ENV_VARS: dict[str, str] = {
     "MAX_STALENESS": "train.max_staleness",
     "WANDB_KEY": "wandb.key",
     "WANDB_PROJECT": "wandb.project",
+    "WANDB_MODE": "wandb.mode",
+    "WANDB_ENTITY": "wandb.entity",
     "VOLC_ACCESSKEY": "cloud.volcengine.access_key",
     "VOLC_SECRETKEY": "cloud.volcengine.secret_key",
     "VOLCENGINE_IMAGE_ID": "cloud.volcengine.image_id",

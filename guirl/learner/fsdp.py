@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, cast
@@ -57,29 +58,37 @@ class DistInfo:
     """Whether a default process group exists (false for the single-process no-op)."""
 
 
-def init_distributed(backend: str | None = None, *, timeout_s: float = 600.0) -> DistInfo:
+def init_distributed(
+    backend: str | None = None, *, timeout_s: float = 600.0, env: Mapping[str, str] | None = None
+) -> DistInfo:
     """Join the default process group from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
-    MASTER_ADDR/MASTER_PORT); `backend` defaults to NCCL when a GPU is present, else gloo.
+    MASTER_ADDR/MASTER_PORT), or from `env` when given (a process that starts its own ranks: this
+    process's environment is left alone); `backend` defaults to NCCL when a GPU is present, else gloo.
 
     Not launched by torchrun (no RANK/WORLD_SIZE): a single-process `DistInfo` and no group. Already
     initialised: the existing group's `DistInfo`.
     """
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    env = os.environ if env is None else env
+    local_rank = int(env.get("LOCAL_RANK", "0"))
     if dist.is_initialized():
         backend = dist.get_backend()
         return DistInfo(
             dist.get_rank(), dist.get_world_size(), local_rank, _device(backend, local_rank), initialized=True
         )
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    if "RANK" not in env or "WORLD_SIZE" not in env:
         single = "nccl" if torch.cuda.is_available() else "gloo"
         return DistInfo(0, 1, 0, _device(single, 0))
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = _device(backend, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    master = (
+        f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}" if env is not os.environ else None
+    )
     dist.init_process_group(
         backend,
+        init_method=master,
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),

@@ -1,5 +1,6 @@
 """`guirl train` end to end: real actor processes (broker with the tiny model, learner, env worker with
-local desktops), decoupled and `--sync`: versions advance, metrics per update, a summary."""
+local desktops), decoupled and `--sync`: versions advance, metrics per update, a summary. The decoupled
+run trains on 2 learner ranks (FSDP2 over gloo) and logs to an offline W&B run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
+from tests.helpers import history, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -39,7 +41,7 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
         "2",
         "--set",
         f"run.root_dir={tmp_path}",
-        *(["--sync"] if sync else []),
+        *(["--sync"] if sync else ["--set", "train.ranks=2", "--set", "wandb.mode=offline"]),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
@@ -65,6 +67,12 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 2 and summary["final_version"] == 2 and summary["sync"] is sync
     assert "[train] version 2" in out.stdout
+    if not sync:  # each update in the offline W&B run, with the coordinator's view beside it
+        (log,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+        rows = [r for r in history(read_records(log)) if "version" in r]
+        assert [r["version"] for r in rows] == [1, 2] and [r["_step"] for r in rows] == [1, 2]
+        assert all("env/utilisation" in r and r["samples"] >= 4 for r in rows)
+        assert (run_dir / "logs" / "learner-rank1.log").is_file()
 
 
 def test_a_worker_killed_mid_run_does_not_stall_the_learner(tmp_path, tiny_ckpt):

@@ -290,3 +290,35 @@ def test_a_saved_config_loads_back_without_its_redacted_secrets(tmp_path):
     again = load_config(path, env={})
     assert again.wandb.key == "" and again.wandb.project == "p"  # never the literal "***"
     assert load_config(path, env={"WANDB_KEY": "fresh"}).wandb.key == "fresh"
+
+
+def test_wandb_settings_from_env_and_set() -> None:
+    cfg = load_config(env={})
+    assert (cfg.wandb.mode, cfg.wandb.entity, cfg.wandb.name, cfg.wandb.tags) == ("auto", "", "", [])
+    cfg = load_config(
+        env={"WANDB_MODE": "offline", "WANDB_ENTITY": "gui-team", "WANDB_PROJECT": "p"},
+        overrides=['wandb.tags=["grpo", "local"]', "wandb.name=exp-1"],
+    )
+    assert cfg.wandb.mode == "offline" and cfg.wandb.entity == "gui-team" and cfg.wandb.project == "p"
+    assert cfg.wandb.tags == ["grpo", "local"] and cfg.wandb.name == "exp-1"
+    by_path = {d.path: d for d in describe()}
+    assert by_path["wandb.mode"].env == "WANDB_MODE" and not by_path["wandb.mode"].secret
+    assert by_path["wandb.entity"].env == "WANDB_ENTITY"
+    assert by_path["wandb.mode"].type == "'auto' | 'online' | 'offline' | 'disabled'"
+
+
+def test_bad_wandb_mode_names_the_variable() -> None:
+    assert error_message(env={"WANDB_MODE": "dryrun"}) == (
+        "wandb.mode: expected one of 'auto', 'online', 'offline', 'disabled', got 'dryrun' "
+        "(from env WANDB_MODE)"
+    )
+    msg = error_message(env={}, overrides=["wandb.tags=3"])
+    assert msg.startswith("wandb.tags: expected a list") and "--set" in msg
+
+
+def test_wandb_settings_round_trip_with_the_key_redacted(tmp_path: Path) -> None:
+    cfg = load_config(env={"WANDB_KEY": "k-9", "WANDB_MODE": "online"}, overrides=['wandb.tags=["a b"]'])
+    saved = save_resolved(cfg, tmp_path)
+    assert "k-9" not in saved.read_text()
+    again = load_config(saved, env={"WANDB_KEY": "k-9"})
+    assert again == cfg

@@ -1,0 +1,439 @@
+"""The learner's torch side on 1..N data-parallel ranks: the policy (FSDP2-sharded over the ranks), its
+optimizer and the frozen reference, driven by rank 0.
+
+Rank 0 is the Learner actor: it owns the mailbox, the trajectory buffer, the weight publishing and the
+checkpoint bookkeeping, and calls the methods of its `Trainer`. Ranks 1..N-1 only run `Trainer.follow`.
+Every method that needs all ranks — a train step, gathering the full state dict, writing or restoring a
+checkpoint — first sends the command from rank 0 to the others over a gloo group of the learner's ranks
+(msgpack bytes in a uint8 tensor: nothing is pickled), then does rank 0's part; each follower decodes
+the command and does its own part, so the FSDP collectives line up.
+
+`train_step` (step.py) is given the same global batch on every rank and makes the update one process
+would make on the whole batch (tests/integration/test_fsdp.py checks that), so the number of ranks
+changes the speed, not the result. A checkpoint is the same whatever the number of ranks that wrote it
+(the model in Hugging Face format, the optimizer state keyed by parameter name), and any number of ranks
+can resume from it.
+
+Launching: under torchrun (RANK and WORLD_SIZE set) the ranks exist already; rank 0 starts the actor and
+the others run `python -m guirl.learner.trainer` (this module's `main`). A local run with
+`train.ranks > 1` has its actor process start the followers itself, with the same environment torchrun
+would give them (`spawn_followers`).
+
+The control group's timeout is long on purpose: a follower waits for the next command as long as the
+learner waits for trajectories. A dead rank 0 is still noticed at once (gloo fails on the closed
+connection), and the followers also die with their parent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from guirl.config.schema import TrainConfig
+from guirl.learner.samples import TrainSample
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Trainer", "follower_command", "save_hf_model"]
+
+CONTROL_TIMEOUT = timedelta(days=7)
+"""How long a follower waits for rank 0's next command (see the module docstring)."""
+
+_ENV_OPTIONS = "GUIRL_TRAINER_OPTIONS"
+"""Environment variable through which a follower gets the trainer's options (JSON)."""
+
+
+class _Command(msgspec.Struct, tag_field="op", forbid_unknown_fields=True):
+    pass
+
+
+class _Step(_Command, tag="step"):
+    samples: list[TrainSample]
+
+
+class _FullState(_Command, tag="full_state"):
+    pass
+
+
+class _Save(_Command, tag="save"):
+    path: str
+
+
+class _Stop(_Command, tag="stop"):
+    pass
+
+
+_command_decoder = msgspec.msgpack.Decoder(_Step | _FullState | _Save | _Stop)
+
+
+class Trainer:
+    """The model, optimizer and reference of one learner rank; see the module docstring.
+
+    Blocking and torch-heavy: the actor calls it from one dedicated thread.
+    """
+
+    def __init__(
+        self,
+        *,
+        ckpt: str,
+        train: TrainConfig,
+        seed: int = 0,
+        temperature: float = 1.0,
+        mixed_precision: bool | None = None,
+    ) -> None:
+        self.ckpt = ckpt
+        self.cfg = train
+        self.seed = seed
+        self.temperature = temperature if temperature > 0 else 1.0  # greedy samples: log-probs at T=1
+        self.mixed_precision = mixed_precision
+        self.info: Any = None
+        self._ctl: Any = None  # the control group (gloo), when there are followers
+        self.model: Any = None
+        self.optimizer: Any = None
+        self.ref_model: Any = None
+        self.renderer: Any = None
+
+    # -- setup ---------------------------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        return self.info.rank if self.info is not None else 0
+
+    @property
+    def world(self) -> int:
+        return self.info.world if self.info is not None else 1
+
+    def load(self, resume_from: Path | None = None, *, rendezvous: dict[str, str] | None = None) -> None:
+        """Join the ranks (torchrun's environment, or `rendezvous`: see `spawn_followers`), load and
+        shard the model, make the optimizer and the reference; with `resume_from` (rank 0's checkpoint
+        directory) restore the model, the optimizer and the RNG from it, on every rank."""
+        import torch
+        import torch.distributed as dist
+        from transformers import Qwen3VLForConditionalGeneration
+        from transformers.utils import logging as hf_logging
+
+        from guirl.inference.chat import ChatRenderer
+        from guirl.learner.fsdp import init_distributed, shard_model
+
+        hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
+        self.info = init_distributed(env=rendezvous)
+        if self.info.initialized:
+            self._ctl = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        torch.manual_seed(self.seed)
+        on_gpu = self.info.device.type == "cuda"
+        mixed = on_gpu if self.mixed_precision is None else self.mixed_precision
+        ckpt = Path(self.ckpt)
+        if not (ckpt / "config.json").is_file():
+            raise ValueError(f"{str(ckpt)!r} is not a checkpoint directory (no config.json)")
+        # Every rank loads the starting checkpoint (each node has it); a resumed run's weights come from
+        # rank 0's checkpoint below.
+        weights = resume_from / "model" if resume_from is not None and self.world == 1 else ckpt
+        model = Qwen3VLForConditionalGeneration.from_pretrained(
+            weights, local_files_only=True, torch_dtype=torch.float32
+        )
+        self.model = shard_model(model, self.info, mixed_precision=mixed, activation_checkpointing=on_gpu)
+        self.model.train()
+        if self.cfg.kl_coef > 0:  # the frozen reference: the starting checkpoint, even in a resumed run
+            ref = Qwen3VLForConditionalGeneration.from_pretrained(
+                ckpt, local_files_only=True, torch_dtype=torch.float32
+            )
+            ref.requires_grad_(False)
+            self.ref_model = shard_model(
+                ref, self.info, mixed_precision=mixed, activation_checkpointing=False
+            )
+            self.ref_model.eval()
+        self.renderer = ChatRenderer.load(self.ckpt)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay
+        )
+        if resume_from is not None:
+            self._restore(resume_from)
+
+    def _restore(self, ckpt: Path) -> None:
+        import torch
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        many = self.world > 1
+        # not strict: a parameter that has had no gradient yet (the vision tower, after text-only
+        # batches) has no Adam state to restore, in the saved optimizer as in the live one
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=False)
+        if many:  # the model: rank 0 reads it and the ranks take their shards
+            state = _load_hf_state(ckpt / "model") if self.rank == 0 else {}
+            set_model_state_dict(
+                self.model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+            )
+        optim = torch.load(ckpt / "optimizer.pt", weights_only=True) if self.rank == 0 else {}
+        set_optimizer_state_dict(self.model, self.optimizer, optim, options=opts)
+        if self.rank == 0:  # rank 0's RNG (the only one saved; nothing on the others draws from theirs)
+            rng = torch.load(ckpt / "rng.pt", weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            version, internal, gauss = rng["python"]
+            random.setstate((version, tuple(internal), gauss))
+
+    # -- the commands ----------------------------------------------------------------------------------
+
+    def step(self, samples: list[TrainSample]) -> dict[str, float]:
+        """One update on the global batch `samples` (see `guirl.learner.step.train_step`)."""
+        self._send(_Step(samples=samples))
+        return self._step(samples)
+
+    def full_state(self) -> dict[str, Any]:
+        """The whole state dict on CPU (rank 0; `{}` on the others)."""
+        self._send(_FullState())
+        from guirl.learner.fsdp import full_state_dict
+
+        return full_state_dict(self.model)
+
+    def save(self, path: Path) -> None:
+        """Write the model (Hugging Face format, with the tokenizer and image processor), `optimizer.pt`
+        (full, keyed by parameter name) and `rng.pt` into the directory `path` (rank 0 writes)."""
+        self._send(_Save(path=str(path)))
+        self._save(path)
+
+    def stop(self) -> None:
+        """Release the followers (they return from `follow`) and leave the process group."""
+        import torch.distributed as dist
+
+        if self._ctl is not None and self.rank == 0:
+            self._send(_Stop())
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._ctl = None
+
+    def follow(self) -> None:
+        """A follower's loop: run rank 0's commands until it says stop."""
+        while True:
+            cmd = _command_decoder.decode(self._receive())
+            match cmd:
+                case _Step(samples=samples):
+                    self._step(samples)
+                case _FullState():
+                    self.full_state_local()
+                case _Save(path=path):
+                    self._save(Path(path))
+                case _Stop():
+                    self.stop()
+                    return
+
+    def full_state_local(self) -> dict[str, Any]:
+        from guirl.learner.fsdp import full_state_dict
+
+        return full_state_dict(self.model)
+
+    # -- the work each rank does -------------------------------------------------------------------------
+
+    def _step(self, samples: list[TrainSample]) -> dict[str, float]:
+        from guirl.learner.step import train_step
+
+        c = self.cfg
+        return train_step(
+            self.model,
+            self.optimizer,
+            samples,
+            self.renderer,
+            eps_clip=c.eps_clip,
+            eps_clip_high=c.eps_clip_high,
+            tis_cap=c.tis_cap,
+            loss_agg=c.loss_agg,
+            max_tokens=c.micro_batch_tokens,
+            temperature=self.temperature,
+            max_grad_norm=c.grad_clip,
+            dist_info=self.info,
+            ref_model=self.ref_model,
+            kl_coef=c.kl_coef,
+            kl_kind=c.kl_kind,
+        )
+
+    def _save(self, path: Path) -> None:
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        model_state = self.full_state_local()  # every rank: it all-gathers
+        optim = get_optimizer_state_dict(
+            self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+        if self.rank != 0:
+            return
+        save_hf_model(self.model, model_state, path / "model")
+        self.renderer.tokenizer.save_pretrained(path / "model")
+        self.renderer.image_processor.save_pretrained(path / "model")
+        torch.save(optim, path / "optimizer.pt")
+        version, internal, gauss = random.getstate()
+        torch.save(
+            {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}, path / "rng.pt"
+        )
+
+    # -- the control channel ------------------------------------------------------------------------------
+
+    def _send(self, cmd: _Command) -> None:
+        if self._ctl is None or self.world == 1:
+            return
+        if self.rank != 0:
+            raise RuntimeError("only rank 0 gives commands")
+        self._broadcast_bytes(msgspec.msgpack.encode(cmd))
+
+    def _receive(self) -> bytes:
+        if self._ctl is None:
+            raise RuntimeError("follow() needs a process group (launch the ranks with torchrun)")
+        return self._broadcast_bytes(None)
+
+    def _broadcast_bytes(self, payload: bytes | None) -> bytes:
+        import torch
+        import torch.distributed as dist
+
+        size = torch.tensor([len(payload) if payload is not None else 0], dtype=torch.int64)
+        dist.broadcast(size, 0, group=self._ctl)
+        n = int(size.item())
+        if payload is not None:
+            buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        else:
+            buf = torch.empty(n, dtype=torch.uint8)
+        dist.broadcast(buf, 0, group=self._ctl)
+        return payload if payload is not None else buf.numpy().tobytes()
+
+
+def save_hf_model(model: Any, state: dict[str, Any], out: Path) -> None:
+    """`state` (a full state dict on CPU) as a Hugging Face checkpoint in `out`: safetensors shards of at
+    most 5 GB with their index, the config and the generation config. Works for an FSDP2-wrapped model,
+    whose class is `FSDP<name>` (`save_pretrained` would write that into the config's architectures)."""
+    from huggingface_hub import save_torch_state_dict
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()  # a progress bar on a service's stderr is noise
+    out.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    tied = getattr(config, "tie_word_embeddings", False) or getattr(
+        config.get_text_config(), "tie_word_embeddings", False
+    )
+    # a gathered tensor may be a view into a larger buffer: safetensors stores (and refuses) whole storages
+    state = {
+        k: v.contiguous() if v.untyped_storage().nbytes() == v.nbytes else v.clone()
+        for k, v in state.items()
+        if not (tied and k == "lm_head.weight")
+    }
+    save_torch_state_dict(state, str(out), max_shard_size="5GB")
+    name = type(model).__name__
+    config.architectures = [name.removeprefix("FSDP")]
+    config.save_pretrained(out)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(out)
+
+
+def _load_hf_state(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    files = (
+        sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        if index.is_file()
+        else ["model.safetensors"]
+    )
+    state: dict[str, Any] = {}
+    for f in files:
+        state.update(load_file(str(path / f)))
+    if "lm_head.weight" not in state and "model.language_model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.language_model.embed_tokens.weight"]  # tied
+    return state
+
+
+# -- followers -------------------------------------------------------------------------------------------
+
+
+def follower_command() -> list[str]:
+    """The command line of a follower rank (its options travel in the environment)."""
+    return [sys.executable, "-m", "guirl.learner.trainer"]
+
+
+def follower_env(options: dict[str, Any], *, rank: int, world: int, master_port: int) -> dict[str, str]:
+    """The environment torchrun would give rank `rank`, plus the trainer's options."""
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "GUIRL_PARENT_PID": str(os.getpid()),
+        _ENV_OPTIONS: json.dumps(options),
+    }
+
+
+def spawn_followers(
+    options: dict[str, Any], *, world: int, log_dir: Path
+) -> tuple[list[Any], dict[str, str]]:
+    """Start ranks 1..world-1 on this machine; returns the processes and rank 0's rendezvous (torchrun's
+    variables, for `Trainer.load`). Their output goes to `log_dir/learner-rank<i>.log`."""
+    import socket
+
+    with socket.socket() as sock:  # the port is bound by rank 0's store right after this
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for rank in range(1, world):
+        with open(log_dir / f"learner-rank{rank}.log", "ab") as out:
+            procs.append(
+                subprocess.Popen(
+                    follower_command(),
+                    env=follower_env(options, rank=rank, world=world, master_port=port),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
+    rendezvous = {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    return procs, rendezvous
+
+
+def main() -> None:
+    """A follower rank: build the trainer from the options in the environment and follow rank 0."""
+    from guirl.actors.process import _die_with_parent
+    from guirl.log import setup_logging
+
+    parent = int(os.environ.get("GUIRL_PARENT_PID", "0"))
+    if parent:
+        _die_with_parent()
+        if os.getppid() != parent:  # rank 0 died before prctl took effect
+            sys.exit(1)
+    rank = int(os.environ.get("RANK", "-1"))
+    if rank < 1:
+        sys.exit(f"guirl.learner.trainer runs learner ranks 1..N-1 (RANK={os.environ.get('RANK')!r})")
+    setup_logging(f"learner-rank{rank}")
+    raw = os.environ.get(_ENV_OPTIONS)
+    if not raw:
+        sys.exit(f"{_ENV_OPTIONS} is not set: the trainer's options come from rank 0")
+    opts = json.loads(raw)
+    trainer = Trainer(
+        ckpt=opts["ckpt"],
+        train=msgspec.convert(opts.get("train", {}), TrainConfig),
+        seed=int(opts.get("seed", 0)),
+        temperature=float(opts.get("temperature", 1.0)),
+    )
+    trainer.load(Path(opts["resume_from"]) if opts.get("resume_from") else None)
+    log.info("learner rank %d of %d ready, following rank 0", trainer.rank, trainer.world)
+    trainer.follow()
+    log.info("learner rank %d stopped", rank)
+
+
+if __name__ == "__main__":
+    main()
