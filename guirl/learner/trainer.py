@@ -207,11 +207,13 @@ class Trainer:
         """Release the followers (they return from `follow`) and leave the process group."""
         import torch.distributed as dist
 
-        if self._ctl is not None and self.rank == 0:
-            self._send(_Stop())
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        self._ctl = None
+        try:
+            if self._ctl is not None and self.rank == 0:
+                self._send(_Stop())  # fails if a follower is gone: the group is left all the same
+        finally:
+            self._ctl = None
+            if self.info is not None and self.info.initialized and dist.is_initialized():
+                dist.destroy_process_group()
 
     def follow(self) -> None:
         """A follower's loop: run rank 0's commands until it says stop."""

@@ -211,3 +211,4 @@ def test_a_dead_rank_stops_the_learner_with_a_clear_error(tiny: Path, tmp_path: 
             await asyncio.wait_for(task, 60)
 
     run(scenario(), timeout=120)
+    assert not torch.distributed.is_initialized()  # the learner left its process group on the way out
