@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 export TORCH_SPEC
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup setup-test bench lint clean
+.PHONY: demo demo-eval test setup setup-test bench lint clean
 
 $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/system-packages.txt
 	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)"
@@ -26,8 +26,12 @@ setup: $(VENV)/.stamp-runtime
 
 setup-test: $(VENV)/.stamp-test
 
-# evaluation-only mode on the local task suite with the tiny model (the transport demo: `guirl demo`)
+# RL mode on this machine: a few GRPO updates of the tiny model on the local training tasks, on local
+# desktops (evaluation-only mode: `make demo-eval`; the actor runtime's transport demo: `guirl demo`)
 demo: setup
+	$(VENV)/bin/guirl train --config configs/local_rl.toml $(ARGS)
+
+demo-eval: setup
 	$(VENV)/bin/guirl eval --config configs/local_eval.toml $(ARGS)
 
 test: setup-test

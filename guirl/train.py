@@ -124,11 +124,13 @@ async def _follow(
                     train_progress_line(coord, last_json_line(run_dir / "metrics.jsonl"), 0, started) + "\n"
                 )
                 return
-        if kill_at and coord.learner_version >= kill_at and "worker0" in sup.actors:
-            kill_at = 0  # once
+        running = coord.snapshot()["running"]
+        if kill_at and coord.learner_version >= kill_at and running and "worker0" in sup.actors:
+            kill_at = 0  # once, mid-episode (with one worker, the running episodes are its own)
             pid = sup.kill("worker0")
             out.write(
-                f"[train] fault injection: SIGKILLed worker0 (pid {pid}) at version {coord.learner_version}\n"
+                f"[train] fault injection: SIGKILLed worker0 (pid {pid}) at version {coord.learner_version} "
+                f"with {running} episode(s) running\n"
             )
         line = train_progress_line(
             coord, last_json_line(run_dir / "metrics.jsonl"), cfg.train.updates, started

@@ -391,11 +391,15 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
     sync: bool = False
     """Run rollout and training in turns (no overlap), for comparison with the decoupled default."""
+    threads: NonNegInt = 0
+    """CPU threads of each learner rank's torch ops (0 = torch's default, one per core); on a small CPU
+    machine shared with the engines and desktops, fewer threads contend less."""
     ranks: PosInt = 1
     """Data-parallel learner processes (FSDP2 over gloo on CPU, NCCL on GPUs: one per learner GPU). The
     learner actor is rank 0 and starts the others."""
     fault_kill_worker_at_version: NonNegInt = 0
-    """Fault injection for tests: SIGKILL env worker 0 once the learner reaches this version (0 = off)."""
+    """Fault injection for tests: SIGKILL env worker 0 mid-episode once the learner reaches this version
+    (0 = off)."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

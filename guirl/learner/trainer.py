@@ -128,6 +128,8 @@ class Trainer:
         self.info = init_distributed(env=rendezvous)
         if self.info.initialized:
             self._ctl = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
+        if self.cfg.threads:
+            torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.seed)
         on_gpu = self.info.device.type == "cuda"
         mixed = on_gpu if self.mixed_precision is None else self.mixed_precision
