@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections import Counter, defaultdict
@@ -148,6 +149,15 @@ async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: T
         out.write("\n")
 
 
+def cpu_set(cpus: list[int], setting: str) -> list[int]:
+    """`cpus` checked against the cores this process may use (a clear error, not a failed actor start)."""
+    usable = os.sched_getaffinity(0)
+    bad = sorted(set(cpus) - usable)
+    if bad:
+        raise InputError(f"{setting}: core(s) {bad} not available here (usable: {sorted(usable)})")
+    return sorted(set(cpus))
+
+
 def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> ActorSpec:
     """The inference broker of a run (eval and train modes alike)."""
     return ActorSpec(
@@ -155,6 +165,7 @@ def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> ActorSpec:
         target="guirl.actors.broker:InferenceBroker",
         bind=[cfg.endpoints.broker],
         run_dir=str(run_dir),
+        cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
         options={
             "inference": msgspec.to_builtins(cfg.inference),
             "ckpt": ckpt,
@@ -224,6 +235,7 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
                             name=f"worker{i}",
                             target="guirl.actors.env_worker:EnvWorker",
                             run_dir=str(run_dir),
+                            cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
                             options=opts,
                         )
                         tg.create_task(sup.start(spec))

@@ -23,10 +23,15 @@ def last_json_line(path: Path, *, block: int = 1 << 16) -> dict[str, Any]:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(max(0, size - block))
-            lines = f.read().splitlines()
+            data = f.read()
     except OSError:
         return {}
-    return json.loads(lines[-1]) if lines and lines[-1].strip() else {}
+    lines = data[: data.rfind(b"\n") + 1].splitlines()  # a line still being written is not one yet
+    try:
+        obj = json.loads(lines[-1]) if lines and lines[-1].strip() else {}
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 class JsonlTail:

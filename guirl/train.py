@@ -26,7 +26,7 @@ from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
-from guirl.eval import EvalError, _start_or_explain, broker_spec, resolve_checkpoint, vm_split
+from guirl.eval import EvalError, _start_or_explain, broker_spec, cpu_set, resolve_checkpoint, vm_split
 from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
 from guirl.tracking import Tracker
 from guirl.vmpool.tasks.suite import load_suite
@@ -78,6 +78,38 @@ class _Tracking:
                 step=max(self.step, 1),
             )
         self.evals = len(coord.eval_lines)
+
+
+_TABLE = (  # column, metrics key, format
+    ("version", "version", "{:d}"),
+    ("reward", "reward_mean", "{:+.2f}"),
+    ("success", "success_rate", "{:.0%}"),
+    ("samples", "samples", "{:.0f}"),
+    ("degenerate", "degenerate_groups", "{:d}"),
+    ("lag", "version_lag_mean", "{:.2f}"),
+    ("clipfrac", "clipfrac", "{:.3f}"),
+    ("approx_kl", "approx_kl", "{:.2e}"),
+    ("entropy", "entropy", "{:.3f}"),
+    ("grad_norm", "grad_norm", "{:.3e}"),
+    ("update_s", "update_s", "{:.1f}"),
+    ("idle", "learner_idle_frac", "{:.0%}"),
+)
+
+
+def update_table(metrics: list[dict[str, Any]]) -> str:
+    """One row per update of the metrics that tell how training goes (all of them: metrics.jsonl)."""
+    rows = [[c for c, _, _ in _TABLE]]
+    for m in metrics:
+        row = []
+        for _, key, fmt in _TABLE:
+            v = m.get(key)
+            try:
+                row.append(fmt.format(int(v) if fmt == "{:d}" else v) if v is not None else "-")
+            except (TypeError, ValueError):
+                row.append(str(v))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(_TABLE))]
+    return "".join(" ".join(c.rjust(w) for c, w in zip(r, widths)) + "\n" for r in rows)
 
 
 def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: int, started: float) -> str:
@@ -156,6 +188,8 @@ async def run_train(
         )
     if not t.updates:
         raise InputError("train.updates must be set (> 0): the number of policy updates to make")
+    cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus")
+    cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus")
     if t.sync:
         cfg = msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, max_staleness=0))
         t = cfg.train
@@ -244,6 +278,7 @@ async def _train(
                     target="guirl.actors.learner:Learner",
                     bind=[cfg.endpoints.learner],
                     run_dir=str(run_dir),
+                    cpus=cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus"),
                     options={
                         "train": msgspec.to_builtins(t),
                         "ckpt": ckpt,
@@ -269,6 +304,7 @@ async def _train(
                         name=f"worker{i}",
                         target="guirl.actors.env_worker:EnvWorker",
                         run_dir=str(run_dir),
+                        cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
                         options={
                             "coordinator": coord.endpoints[0],
                             "broker": broker.endpoints[0],
@@ -332,6 +368,7 @@ async def _train(
         "steady_samples_per_s": steady,
     }
     write_json_atomic(run_dir / "summary.json", summary)
+    out.write(update_table(metrics))
     print(
         f"[train] {summary['updates']} updates (version {summary['final_version']}) in {elapsed:.1f} s · "
         f"{summary['episodes']} episodes, {summary['env_steps']} env steps, {steps_trained} samples trained "

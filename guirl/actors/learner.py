@@ -74,6 +74,7 @@ class Learner(Actor):
         self.ranks = ranks
         self._followers: list[Any] = []
         self._rendezvous: dict[str, str] | None = None  # rank 0's torchrun variables, for ranks it starts
+        self._store: Any = None  # and its rendezvous store
         self._watchers: list[asyncio.Task] = []
         self.trainer: Any = None
         self._group: Any = None  # the open WeightGroupSpec, once the first broadcast has set it up
@@ -107,10 +108,11 @@ class Learner(Actor):
             else None
         )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"learner-{self.name}")
-        if self.resume_from is None:
+        latest = latest_checkpoint(self.run_dir)
+        if latest is not None and (self.resume_from is None or _version(latest) > _version(self.resume_from)):
             # restarted by the supervisor mid-run: carry on from the run's latest checkpoint, never from
-            # the starting weights (the engines are ahead of those)
-            self.resume_from = latest_checkpoint(self.run_dir)
+            # the starting weights or the one the run was resumed from (the engines are ahead of those)
+            self.resume_from = latest
         if self.ranks > 1 and "RANK" not in os.environ:
             self._start_followers()
         await self._torch(self._load)
@@ -130,21 +132,28 @@ class Learner(Actor):
     async def teardown(self) -> None:
         for w in self._watchers:
             w.cancel()
-        if self._executor is not None:
-            if self._sender is not None:
-                await self._torch(self._sender.close)
-            if self.trainer is not None and self.trainer.info is not None:
-                try:  # releases the followers; an in-flight step finishes first (one thread)
-                    await self._torch(self.trainer.stop)
-                except Exception as exc:  # a rank already gone
-                    log.warning("stopping the learner ranks: %s", exc)
-            self._executor.shutdown(wait=True, cancel_futures=True)
-        for proc in self._followers:
-            try:
-                await asyncio.wait_for(asyncio.to_thread(proc.wait), self.runtime.shutdown_timeout_s)
-            except TimeoutError:
-                proc.kill()
-                await asyncio.to_thread(proc.wait)
+        try:
+            if self._executor is not None:
+                # on the torch thread, after whatever runs there (a step, or a load still going: the
+                # trainer's state is only read once it is done)
+                await self._torch(self._shutdown_torch)
+                self._executor.shutdown(wait=True, cancel_futures=True)
+        finally:
+            for proc in self._followers:  # released by the stop; killed if not gone in time
+                try:
+                    await asyncio.wait_for(_exited(proc), self.runtime.shutdown_timeout_s)
+                except TimeoutError:
+                    proc.kill()
+                    await _exited(proc)
+
+    def _shutdown_torch(self) -> None:
+        if self._sender is not None:
+            self._sender.close()
+        if self.trainer is not None and self.trainer.info is not None:
+            try:  # releases the followers and leaves the process group
+                self.trainer.stop()
+            except Exception as exc:  # a rank already gone
+                log.warning("stopping the learner ranks: %s", exc)
 
     def _start_followers(self) -> None:
         from guirl.learner.trainer import spawn_followers
@@ -156,7 +165,7 @@ class Learner(Actor):
             "temperature": self.temperature,
             "resume_from": str(self.resume_from or ""),
         }
-        self._followers, self._rendezvous = spawn_followers(
+        self._followers, self._rendezvous, self._store = spawn_followers(
             options, world=self.ranks, log_dir=self.run_dir / "logs"
         )
         for rank, proc in enumerate(self._followers, start=1):
@@ -164,7 +173,7 @@ class Learner(Actor):
         log.info("started learner ranks 1..%d (pids %s)", self.ranks - 1, [p.pid for p in self._followers])
 
     async def _watch(self, rank: int, proc: Any) -> None:
-        code = await asyncio.to_thread(proc.wait)
+        code = await _exited(proc)
         if not self.stopping:  # a rank gone mid-run: the job cannot go on without it
             self.crash(
                 FatalError(f"learner rank {rank} exited with code {code}; see logs/learner-rank{rank}.log")
@@ -176,9 +185,11 @@ class Learner(Actor):
     def _load(self) -> None:
         from guirl.learner.trainer import Trainer
 
-        self.trainer = Trainer(ckpt=self.ckpt, train=self.cfg, seed=self.seed, temperature=self.temperature)
+        self.trainer = Trainer(
+            ckpt=self.ckpt, train=self.cfg, seed=self.seed, temperature=self.temperature, device=self.device
+        )
         try:
-            self.trainer.load(self.resume_from, rendezvous=self._rendezvous)
+            self.trainer.load(self.resume_from, rendezvous=self._rendezvous, store=self._store)
         except ValueError as exc:  # not a checkpoint directory
             raise FatalError(str(exc)) from exc
         self.renderer = self.trainer.renderer
@@ -270,7 +281,14 @@ class Learner(Actor):
         if not samples:
             self.counters["updates.skipped_empty"] += 1
             return None
-        step = await self._torch(self._step, samples)
+        from guirl.learner.step import BatchRejected
+
+        try:
+            step = await self._torch(self._step, samples)
+        except BatchRejected as exc:  # every rank left the weights as they were: the batch is dropped
+            self.counters["updates.rejected_batches"] += 1
+            log.warning("batch of %d trajectories dropped: %s", len(trajs), exc)
+            return None
         versions = [s.policy_version for s in samples]
         return {
             **step,
@@ -402,12 +420,9 @@ class Learner(Actor):
         final, tmp = root / f"v{version:06d}", root / f".v{version:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        state = {k: v.contiguous() for k, v in self.trainer.full_state().items()}
-        config = self.trainer.model.config
-        if getattr(config, "tie_word_embeddings", False) or getattr(
-            config.get_text_config(), "tie_word_embeddings", False
-        ):
-            state.pop("lm_head.weight", None)  # shared with the embeddings; the loader ties it back
+        from guirl.learner.trainer import savable_state, tied_embeddings
+
+        state = savable_state(self.trainer.full_state(), tied=tied_embeddings(self.trainer.model))
         save_file(state, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)  # a resumed run publishes its version again
         os.replace(tmp, final)
@@ -421,12 +436,32 @@ class Learner(Actor):
             f.write(json.dumps({"time": round(time.time(), 3), **metrics}) + "\n")
 
 
+def _exited(proc: Any) -> asyncio.Future:
+    """The exit code of a subprocess, awaited on a daemon thread of its own (never the loop's shared
+    pool, which a few follower waits would fill; never one that keeps the interpreter alive)."""
+    import threading
+
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def wait() -> None:
+        code = proc.wait()
+        loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(code))
+
+    threading.Thread(target=wait, name=f"wait-{proc.pid}", daemon=True).start()
+    return fut
+
+
 def _free_port() -> int:
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _version(ckpt: Path) -> int:
+    return int(json.loads((ckpt / "learner.json").read_text())["version"])
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:

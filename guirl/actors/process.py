@@ -37,6 +37,8 @@ class ActorSpec(msgspec.Struct, kw_only=True):
     """Record this actor's messages (overrides `recorder.enabled` when True)."""
     run_dir: str = ""
     """The run directory; message logs go under it unless `recorder.dir` says otherwise."""
+    cpus: list[int] = []
+    """CPU cores the process (and every process it starts) is pinned to; empty = no pinning."""
 
 
 def resolve_target(target: str) -> type:
@@ -84,6 +86,8 @@ def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid:
         sys.exit(1)
     spec = msgspec.msgpack.decode(spec_bytes, type=ActorSpec)
     cfg = msgspec.msgpack.decode(cfg_bytes, type=GuirlConfig)
+    if spec.cpus:  # before anything starts a thread pool sized by the cores it sees
+        os.sched_setaffinity(0, spec.cpus)
     from guirl.log import setup_logging
 
     setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)

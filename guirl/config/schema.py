@@ -135,6 +135,12 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """GPUs used by rollout inference engines."""
     prm_gpus: NonNegInt = 0
     """GPUs used by the process reward model (0 = no PRM)."""
+    learner_cpus: list[NonNegInt] = []
+    """CPU cores the learner's ranks are pinned to (empty = no pinning): on a CPU-only machine, the
+    analogue of giving the learner its own GPUs."""
+    rollout_cpus: list[NonNegInt] = []
+    """CPU cores the rollout side is pinned to — the broker's engines, the env workers and their desktops
+    (empty = no pinning)."""
 
 
 class ModelConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

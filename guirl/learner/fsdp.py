@@ -59,11 +59,16 @@ class DistInfo:
 
 
 def init_distributed(
-    backend: str | None = None, *, timeout_s: float = 600.0, env: Mapping[str, str] | None = None
+    backend: str | None = None,
+    *,
+    timeout_s: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    store: dist.Store | None = None,
 ) -> DistInfo:
     """Join the default process group from torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR/MASTER_PORT), or from `env` when given (a process that starts its own ranks: this
-    process's environment is left alone); `backend` defaults to NCCL when a GPU is present, else gloo.
+    process's environment is left alone; `store`: rank 0's rendezvous store, already listening);
+    `backend` defaults to NCCL when a GPU is present, else gloo.
 
     Not launched by torchrun (no RANK/WORLD_SIZE): a single-process `DistInfo` and no group. Already
     initialised: the existing group's `DistInfo`.
@@ -76,19 +81,20 @@ def init_distributed(
             dist.get_rank(), dist.get_world_size(), local_rank, _device(backend, local_rank), initialized=True
         )
     if "RANK" not in env or "WORLD_SIZE" not in env:
-        single = "nccl" if torch.cuda.is_available() else "gloo"
+        single = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         return DistInfo(0, 1, 0, _device(single, 0))
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     device = _device(backend, local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    master = (
-        f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}" if env is not os.environ else None
-    )
+    master = None
+    if store is None and env is not os.environ:
+        master = f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}"
     dist.init_process_group(
         backend,
         init_method=master,
+        store=store,
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),

@@ -31,7 +31,12 @@ from guirl.learner.logprobs import token_logprobs
 from guirl.learner.losses import KLKind, LossAgg, kl_penalty, masked_mean, policy_loss
 from guirl.learner.samples import Batch, TrainSample, collate, pack_microbatches
 
-__all__ = ["train_step"]
+__all__ = ["BatchRejected", "train_step"]
+
+
+class BatchRejected(ValueError):
+    """The batch could not be prepared (on this rank or another) before any collective ran: no rank
+    trained on it, the weights are unchanged and every rank may go on with the next batch."""
 
 
 def train_step(
@@ -92,18 +97,29 @@ def train_step(
     shares = [
         pack_microbatches(part, max_tokens) if part else [] for part in _shares(global_parts, rank, world)
     ]
-    idle = None
+    idle = idle_sample(renderer) if world > 1 else None
+    param = next(model.parameters())
+
+    def collate(mb: list[TrainSample]) -> Batch:
+        return _collate(mb, renderer, pad, idle).to(param.device, dtype=param.dtype)
+
+    # This rank's share first: a sample that cannot be collated (an image that does not decode, image
+    # tokens that do not match its images) fails on its own rank only, and the others must not go on
+    # into collectives that rank will never join — every rank learns of it in the agreement below.
+    failure: Exception | None = None
+    parts: list[list[Batch]] = []
+    try:
+        parts = [[collate(mb) for mb in mbs] for mbs in shares]
+    except Exception as exc:
+        failure = exc
     if world > 1:
         sum_gradient_reduction(model)  # idempotent: the step's arithmetic relies on a sum, not FSDP's mean
-        counts = _agree(samples, [len(mbs) for mbs in shares], dist_info.device)
-        # Equal micro-batch counts on every rank: each forward/backward is a round of FSDP collectives.
-        shares = [mbs + [[]] * (n - len(mbs)) for mbs, n in zip(shares, counts)]
-        idle = idle_sample(renderer)
-    param = next(model.parameters())
-    parts = [
-        [_collate(mb, renderer, pad, idle).to(param.device, dtype=param.dtype) for mb in mbs]
-        for mbs in shares
-    ]
+        counts = _agree(samples, [len(mbs) for mbs in shares], dist_info.device, failed=failure is not None)
+        if failure is None:
+            # Equal micro-batch counts on every rank: each forward/backward is a round of FSDP collectives.
+            parts = [part + [collate([]) for _ in range(n - len(part))] for part, n in zip(parts, counts)]
+    if failure is not None:
+        raise BatchRejected(f"a sample of the batch cannot be prepared: {failure}") from failure
     # The global count (every rank holds the global batch): the ranks' losses add up to the whole loss.
     denominators = [
         float(sum(len(s.response_ids) for s in part) if loss_agg == "token-mean" else len(part))
@@ -281,12 +297,19 @@ def _collate(mb: list[TrainSample], renderer: ChatRenderer, pad: int, idle: Trai
     return batch
 
 
-def _agree(samples: list[TrainSample], counts: list[int], device: torch.device) -> list[int]:
+def _agree(
+    samples: list[TrainSample], counts: list[int], device: torch.device, *, failed: bool = False
+) -> list[int]:
     """Check that every rank holds the same global batch and return, per mini-batch, the largest
-    micro-batch count of any rank; one all-reduce (on `device`: NCCL reduces GPU tensors only)."""
+    micro-batch count of any rank; one all-reduce (on `device`: NCCL reduces GPU tensors only).
+    `failed`: this rank could not prepare its share; every rank then raises (a rank that failed raises
+    its own error, the caller's job)."""
     shape = [len(samples), sum(s.n_tokens for s in samples), sum(len(s.response_ids) for s in samples)]
-    t = torch.tensor([*shape, *(-x for x in shape), *counts], dtype=torch.int64, device=device)
+    t = torch.tensor([int(failed), *shape, *(-x for x in shape), *counts], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if int(t[0]) and not failed:
+        raise BatchRejected("another rank could not prepare its share of the batch (see its log)")
+    t = t[1:]
     k = len(shape)
     if t[:k].tolist() != (-t[k : 2 * k]).tolist():
         # Shares computed from different batches would not add up to any batch's gradient.

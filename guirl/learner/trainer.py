@@ -40,6 +40,7 @@ import msgspec
 
 from guirl.config.schema import TrainConfig
 from guirl.learner.samples import TrainSample
+from guirl.learner.step import BatchRejected
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,11 @@ class Trainer:
         seed: int = 0,
         temperature: float = 1.0,
         mixed_precision: bool | None = None,
+        device: str = "",
     ) -> None:
+        if device not in ("", "cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or '' (a GPU when there is one), got {device!r}")
+        self.device = device
         self.ckpt = ckpt
         self.cfg = train
         self.seed = seed
@@ -112,7 +117,9 @@ class Trainer:
     def world(self) -> int:
         return self.info.world if self.info is not None else 1
 
-    def load(self, resume_from: Path | None = None, *, rendezvous: dict[str, str] | None = None) -> None:
+    def load(
+        self, resume_from: Path | None = None, *, rendezvous: dict[str, str] | None = None, store: Any = None
+    ) -> None:
         """Join the ranks (torchrun's environment, or `rendezvous`: see `spawn_followers`), load and
         shard the model, make the optimizer and the reference; with `resume_from` (rank 0's checkpoint
         directory) restore the model, the optimizer and the RNG from it, on every rank."""
@@ -125,7 +132,8 @@ class Trainer:
         from guirl.learner.fsdp import init_distributed, shard_model
 
         hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
-        self.info = init_distributed(env=rendezvous)
+        backend = {"cpu": "gloo", "cuda": "nccl"}.get(self.device)
+        self.info = init_distributed(backend, env=rendezvous, store=store)
         if self.info.initialized:
             self._ctl = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
         if self.cfg.threads:
@@ -161,6 +169,9 @@ class Trainer:
             self._restore(resume_from)
 
     def _restore(self, ckpt: Path) -> None:
+        """Rank 0 reads and checks the checkpoint's files first and tells every rank the outcome (over
+        the control group) before any collective: a missing or foreign file fails all ranks alike, with
+        the same error, instead of leaving the others waiting in a broadcast."""
         import torch
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -169,18 +180,38 @@ class Trainer:
         )
 
         many = self.world > 1
-        # not strict: a parameter that has had no gradient yet (the vision tower, after text-only
-        # batches) has no Adam state to restore, in the saved optimizer as in the live one
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=False)
-        if many:  # the model: rank 0 reads it and the ranks take their shards
-            state = _load_hf_state(ckpt / "model") if self.rank == 0 else {}
+        trainable = {name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        model_state: dict[str, Any] = {}
+        optim: dict[str, Any] = {}
+        verdict: dict[str, Any] = {"error": "", "missing": []}
+        if self.rank == 0:
+            try:
+                if many:
+                    model_state = _load_hf_state(ckpt / "model")
+                optim = torch.load(ckpt / "optimizer.pt", weights_only=True)
+                verdict["missing"] = _check_optimizer_state(optim, set(trainable))
+                rng = torch.load(ckpt / "rng.pt", weights_only=True)
+            except Exception as exc:
+                verdict["error"] = f"checkpoint {str(ckpt)!r} cannot be restored: {type(exc).__name__}: {exc}"
+        if many:
+            payload = json.dumps(verdict).encode() if self.rank == 0 else None
+            verdict = json.loads(self._broadcast_bytes(payload))
+        if verdict["error"]:
+            raise ValueError(verdict["error"])
+        if many:  # the model: rank 0 read it, the ranks take their shards
             set_model_state_dict(
-                self.model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+                self.model,
+                model_state,
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
             )
-        optim = torch.load(ckpt / "optimizer.pt", weights_only=True) if self.rank == 0 else {}
+        # Not strict: a parameter without a gradient yet (the vision tower after text-only batches) has no
+        # Adam state in the file. Loading gives every parameter a zeroed state (an lr-0 step), so those are
+        # dropped again below: they start fresh at their first gradient, as in an uninterrupted run.
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=many, strict=False)
         set_optimizer_state_dict(self.model, self.optimizer, optim, options=opts)
+        for name in verdict["missing"]:
+            self.optimizer.state.pop(trainable[name], None)
         if self.rank == 0:  # rank 0's RNG (the only one saved; nothing on the others draws from theirs)
-            rng = torch.load(ckpt / "rng.pt", weights_only=True)
             torch.set_rng_state(rng["torch"])
             version, internal, gauss = rng["python"]
             random.setstate((version, tuple(internal), gauss))
@@ -223,7 +254,10 @@ class Trainer:
             cmd = _command_decoder.decode(self._receive())
             match cmd:
                 case _Step(samples=samples):
-                    self._step(samples)
+                    try:
+                        self._step(samples)
+                    except BatchRejected as exc:  # every rank rejected it before any collective
+                        log.warning("batch rejected: %s", exc)
                 case _FullState():
                     self.full_state_local()
                 case _Save(path=path):
@@ -309,6 +343,42 @@ class Trainer:
         return payload if payload is not None else buf.numpy().tobytes()
 
 
+def _check_optimizer_state(optim: Any, trainable: set[str]) -> list[str]:
+    """The trainable parameters the saved optimizer state has no entry for (never stepped); ValueError
+    for a file that is not a full optimizer state keyed by parameter name, or that names parameters this
+    model does not have (a different model: its moments would silently be lost)."""
+    if not isinstance(optim, dict) or not isinstance(optim.get("state"), dict) or "param_groups" not in optim:
+        raise ValueError("optimizer.pt is not an optimizer state dict")
+    keys = set(optim["state"])
+    if any(not isinstance(k, str) for k in keys):
+        raise ValueError("optimizer.pt is keyed by parameter index (an older guirl's format), not by name")
+    unknown = sorted(keys - trainable)
+    if unknown:
+        raise ValueError(
+            f"optimizer.pt has state for {len(unknown)} parameter(s) this model lacks: {unknown[:3]}"
+        )
+    return sorted(trainable - keys)
+
+
+def savable_state(state: dict[str, Any], *, tied: bool) -> dict[str, Any]:
+    """`state` ready for safetensors: each tensor owning its storage (a gathered tensor may be a view into
+    a larger buffer, and safetensors stores whole storages), without the LM head when it is tied to the
+    embeddings (the loader ties it back)."""
+    return {
+        k: v.contiguous() if v.untyped_storage().nbytes() == v.nbytes else v.clone()
+        for k, v in state.items()
+        if not (tied and k == "lm_head.weight")
+    }
+
+
+def tied_embeddings(model: Any) -> bool:
+    """Whether the LM head shares the input embedding's weight, read from the live model (the config's
+    flags have changed meaning between transformers releases; a shared parameter stays one object under
+    FSDP2)."""
+    out, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    return out is not None and emb is not None and out.weight is emb.weight
+
+
 def save_hf_model(model: Any, state: dict[str, Any], out: Path) -> None:
     """`state` (a full state dict on CPU) as a Hugging Face checkpoint in `out`: safetensors shards of at
     most 5 GB with their index, the config and the generation config. Works for an FSDP2-wrapped model,
@@ -319,15 +389,8 @@ def save_hf_model(model: Any, state: dict[str, Any], out: Path) -> None:
     disable_progress_bars()  # a progress bar on a service's stderr is noise
     out.mkdir(parents=True, exist_ok=True)
     config = model.config
-    tied = getattr(config, "tie_word_embeddings", False) or getattr(
-        config.get_text_config(), "tie_word_embeddings", False
-    )
-    # a gathered tensor may be a view into a larger buffer: safetensors stores (and refuses) whole storages
-    state = {
-        k: v.contiguous() if v.untyped_storage().nbytes() == v.nbytes else v.clone()
-        for k, v in state.items()
-        if not (tied and k == "lm_head.weight")
-    }
+    tied = tied_embeddings(model)
+    state = savable_state(state, tied=tied)
     save_torch_state_dict(state, str(out), max_shard_size="5GB")
     name = type(model).__name__
     config.architectures = [name.removeprefix("FSDP")]
@@ -377,15 +440,18 @@ def follower_env(options: dict[str, Any], *, rank: int, world: int, master_port:
 
 
 def spawn_followers(
-    options: dict[str, Any], *, world: int, log_dir: Path
-) -> tuple[list[Any], dict[str, str]]:
-    """Start ranks 1..world-1 on this machine; returns the processes and rank 0's rendezvous (torchrun's
-    variables, for `Trainer.load`). Their output goes to `log_dir/learner-rank<i>.log`."""
-    import socket
+    options: dict[str, Any], *, world: int, log_dir: Path, timeout_s: float = 600.0
+) -> tuple[list[Any], dict[str, str], Any]:
+    """Start ranks 1..world-1 on this machine; returns the processes, rank 0's rendezvous (torchrun's
+    variables) and its store, already listening on its port (for `Trainer.load`). Their output goes to
+    `log_dir/learner-rank<i>.log`."""
+    from torch.distributed import TCPStore
 
-    with socket.socket() as sock:  # the port is bound by rank 0's store right after this
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # rank 0's store listens before the followers are told its port: no free-port probe, no race
+    store = TCPStore(
+        "127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
+    )
+    port = store.port
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(1, world):
@@ -406,7 +472,7 @@ def spawn_followers(
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
     }
-    return procs, rendezvous
+    return procs, rendezvous, store
 
 
 def main() -> None:
@@ -433,7 +499,21 @@ def main() -> None:
         seed=int(opts.get("seed", 0)),
         temperature=float(opts.get("temperature", 1.0)),
     )
-    trainer.load(Path(opts["resume_from"]) if opts.get("resume_from") else None)
+    store, rendezvous = None, None
+    if parent:  # started by rank 0's learner, whose store listens at MASTER_PORT (see spawn_followers)
+        from torch.distributed import TCPStore
+
+        rendezvous = dict(os.environ)
+        store = TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            int(os.environ["WORLD_SIZE"]),
+            is_master=False,
+            timeout=timedelta(seconds=600),
+        )
+    trainer.load(
+        Path(opts["resume_from"]) if opts.get("resume_from") else None, rendezvous=rendezvous, store=store
+    )
     log.info("learner rank %d of %d ready, following rank 0", trainer.rank, trainer.world)
     trainer.follow()
     log.info("learner rank %d stopped", rank)

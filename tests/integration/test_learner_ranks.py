@@ -13,6 +13,7 @@ import os
 import signal
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 from PIL import Image, ImageDraw
@@ -212,3 +213,67 @@ def test_a_dead_rank_stops_the_learner_with_a_clear_error(tiny: Path, tmp_path: 
 
     run(scenario(), timeout=120)
     assert not torch.distributed.is_initialized()  # the learner left its process group on the way out
+
+
+def test_a_batch_one_rank_cannot_prepare_is_rejected_by_all_and_training_goes_on(
+    tiny: Path, tmp_path: Path
+) -> None:
+    """A screenshot that does not decode fails on the rank that holds it; the other rank learns of it
+    before any collective, both leave the weights alone, the learner counts the batch and trains on the
+    next one."""
+    bad, good = _groups(tiny, 2)
+    first = bad[0]
+    step = first.steps[0]
+    broken = msgspec.structs.replace(step, images=[WireImage(data=Blob(b"not a png"))])
+    bad = [msgspec.structs.replace(first, steps=[broken]), bad[1]]
+    cfg = fast_config()
+
+    async def scenario() -> dict:
+        learner = _learner(tiny, tmp_path, 2, cfg, updates=1)
+        task = await learner.start()
+        try:
+            async with client_actor(cfg) as client:
+                conn = client.connect("learner", learner.endpoints[0], LearnerChannel)
+                for t in [*bad, *good]:
+                    assert (await conn.request(t, timeout=60)).note == "accepted"
+                done = asyncio.create_task(learner.updates_done.wait())
+                await asyncio.wait([done, task], timeout=240, return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    task.result()
+                assert done.done()
+                return learner.counters.snapshot()
+        finally:
+            learner.request_shutdown("test done")
+            await asyncio.wait_for(task, 60)
+
+    counters = run(scenario(), timeout=300)
+    assert counters["updates.rejected_batches"] == 1
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    m = json.loads(line)
+    assert m["version"] == 1 and m["samples"] == 2 and m["grad_norm"] > 0  # the good group, trained
+    assert "batch rejected" in (tmp_path / "logs" / "learner-rank1.log").read_text()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_foreign_optimizer_state_fails_every_rank_with_one_clear_error(
+    tiny: Path, tmp_path: Path, ranks: int
+) -> None:
+    _train(tiny, tmp_path, 1, _groups(tiny, 1), updates=1)
+    ckpt = tmp_path / "checkpoints" / "v000001"
+    torch.save(
+        {"state": {0: {"step": torch.tensor(1.0)}}, "param_groups": [{"params": [0]}]}, ckpt / "optimizer.pt"
+    )
+    cfg = fast_config()
+
+    async def scenario() -> None:
+        learner = _learner(tiny, tmp_path, ranks, cfg, updates=2)
+        with pytest.raises(BaseExceptionGroup) as info:  # the actor's task group carries the setup error
+            await learner.start()
+        (error,) = info.value.exceptions
+        assert isinstance(error, FatalError) and "keyed by parameter index" in str(error)
+        for proc in learner._followers:  # rank 1 got the same verdict and left
+            assert await asyncio.to_thread(proc.wait, 60) != 0
+
+    run(scenario(), timeout=180)
+    if ranks == 2:
+        assert "keyed by parameter index" in (tmp_path / "logs" / "learner-rank1.log").read_text()
