@@ -342,3 +342,25 @@ def test_recorder_write_errors_never_stop_an_actor():
 
 async def _echo_handler(req):
     return EchoReply(text=req.msg.text)
+
+
+def test_an_actor_pinned_to_cores_runs_only_there():
+    """`ActorSpec.cpus` (from `cluster.learner_cpus` / `rollout_cpus`): the process, and what it starts,
+    runs on those cores only; a core the machine lacks is a clear error before anything starts."""
+    from guirl.errors import InputError
+    from guirl.eval import cpu_set
+
+    cfg = fast_config()
+    core = max(os.sched_getaffinity(0))
+
+    async def main():
+        async with Supervisor(cfg) as sup:
+            echo = await sup.start(
+                ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], cpus=[core])
+            )
+            return psutil.Process(echo.pid).cpu_affinity()
+
+    assert run(main()) == [core]
+    assert cpu_set([core, core], "cluster.learner_cpus") == [core]
+    with pytest.raises(InputError, match=r"cluster.rollout_cpus: core\(s\) \[4096\] not available"):
+        cpu_set([4096], "cluster.rollout_cpus")
