@@ -93,3 +93,41 @@ def history(records: list[Any]) -> list[dict[str, Any]]:
             items = record.history.item
             rows.append({it.key or "/".join(it.nested_key): json.loads(it.value_json) for it in items})
     return rows
+
+
+# -- learner fixtures -------------------------------------------------------------------------------------
+
+
+def one_step_trajectory(
+    group: int,
+    index: int,
+    prompt: list[int],
+    response: list[int],
+    *,
+    reward: float,
+    policy_version: int,
+    images: tuple[bytes, ...] | list[bytes] = (),
+) -> Any:
+    """A completed one-step episode `ep<group><index>` of task `t<group>` (group `t<group>@<group>`), with
+    made-up behaviour log-probs, as an env worker would send it to the learner."""
+    from guirl.messages.blob import Blob
+    from guirl.messages.types import Image, StepSample, Tensor, Trajectory
+
+    step = StepSample(
+        step=0,
+        prompt_ids=Tensor.from_list(prompt),
+        response_ids=Tensor.from_list(response),
+        logprobs=Tensor.from_list([-6.5 - 0.1 * k for k in range(len(response))], "float32"),
+        images=[Image(data=Blob(png)) for png in images],
+        policy_version=policy_version,
+    )
+    return Trajectory(
+        episode_id=f"ep{group}{index}",
+        task_id=f"t{group}",
+        group_id=f"t{group}@{group}",
+        sample_index=index,
+        status="completed",
+        reward=reward,
+        steps=[step],
+        score=1.0 if reward > 0 else 0.0,
+    )

@@ -24,10 +24,10 @@ from guirl.actors.learner import Learner
 from guirl.inference.chat import ChatRenderer
 from guirl.messages import LearnerChannel
 from guirl.messages.blob import Blob
-from guirl.messages.types import ChatMessage, ImagePart, StepSample, Tensor, TextPart, Trajectory
+from guirl.messages.types import ChatMessage, ImagePart, TextPart, Trajectory
 from guirl.messages.types import Image as WireImage
 from guirl.model.tiny import ensure_tiny_checkpoint
-from tests.helpers import client_actor, fast_config, run
+from tests.helpers import client_actor, fast_config, one_step_trajectory, run
 
 TRAIN = {"lr": 1e-3, "updates": 2, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}
 # Adam's first steps are sign-like: each element moves by ~lr * g / (|g| + eps). Where |g| is within
@@ -59,24 +59,10 @@ def _groups(ckpt: Path, n_groups: int, first: int = 0) -> list[list[Trajectory]]
             parts = ([ImagePart(0)] if images else []) + [TextPart(f"Task {g}, attempt {i}: open the file.")]
             prompt = renderer.render([ChatMessage(role="user", parts=parts)], images).input_ids
             response = [40 + g, 50 + i, 60, 70 + g, 80 + i]
-            step = StepSample(
-                step=0,
-                prompt_ids=Tensor.from_list(prompt),
-                response_ids=Tensor.from_list(response),
-                logprobs=Tensor.from_list([-6.5 - 0.1 * k for k in range(len(response))], "float32"),
-                images=[WireImage(data=Blob(png)) for png in images],
-                policy_version=max(g - 1, -1),
-            )
+            reward = 1.0 if (g + i) % 2 == 0 else -1.0
             members.append(
-                Trajectory(
-                    episode_id=f"ep{g}{i}",
-                    task_id=f"t{g}",
-                    group_id=f"t{g}@{g}",
-                    sample_index=i,
-                    status="completed",
-                    reward=1.0 if (g + i) % 2 == 0 else -1.0,
-                    steps=[step],
-                    score=1.0 if (g + i) % 2 == 0 else 0.0,
+                one_step_trajectory(
+                    g, i, prompt, response, reward=reward, policy_version=max(g - 1, -1), images=images
                 )
             )
         groups.append(members)

@@ -20,13 +20,11 @@ from guirl.messages import LearnerChannel
 from guirl.messages.types import (
     ChatMessage,
     StatsRequest,
-    StepSample,
-    Tensor,
     TextPart,
     Trajectory,
 )
 from guirl.model.tiny import ensure_tiny_checkpoint
-from tests.helpers import client_actor, fast_config, run
+from tests.helpers import client_actor, fast_config, one_step_trajectory, run
 
 TRAIN = {"lr": 1e-3, "updates": 3, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}
 
@@ -41,25 +39,8 @@ def _groups(ckpt: Path) -> list[list[Trajectory]]:
             msgs = [ChatMessage(role="user", parts=[TextPart(f"Task {g}, attempt {i}: open the file.")])]
             prompt = renderer.render(msgs, []).input_ids
             response = [40 + g, 50 + i, 60, 70 + g]
-            step = StepSample(
-                step=0,
-                prompt_ids=Tensor.from_list(prompt),
-                response_ids=Tensor.from_list(response),
-                logprobs=Tensor.from_list([-6.5 - 0.1 * k for k in range(4)], "float32"),
-                policy_version=g,
-            )
-            members.append(
-                Trajectory(
-                    episode_id=f"ep{g}{i}",
-                    task_id=f"t{g}",
-                    group_id=f"t{g}@{g}",
-                    sample_index=i,
-                    status="completed",
-                    reward=1.0 if i == 0 else -1.0,
-                    steps=[step],
-                    score=1.0 if i == 0 else 0.0,
-                )
-            )
+            reward = 1.0 if i == 0 else -1.0
+            members.append(one_step_trajectory(g, i, prompt, response, reward=reward, policy_version=g))
         groups.append(members)
     return groups
 
