@@ -175,6 +175,25 @@ def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> ActorSpec:
     )
 
 
+def worker_spec(cfg: GuirlConfig, index: int, run_dir: Path, **options: Any) -> ActorSpec:
+    """Env worker `index` of a run (eval and train modes alike): the agent, environment and timeouts of
+    `cfg`, pinned to `cluster.rollout_cpus`, plus the mode's own `options` (endpoints, VMs...)."""
+    return ActorSpec(
+        name=f"worker{index}",
+        target="guirl.actors.env_worker:EnvWorker",
+        run_dir=str(run_dir),
+        cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
+        options={
+            "run_dir": str(run_dir),
+            "agent": msgspec.to_builtins(cfg.agent),
+            "env": msgspec.to_builtins(cfg.env),
+            "setup_timeout_s": cfg.eval.setup_timeout_s,
+            "policy_timeout_s": cfg.inference.request_timeout_s,
+            **options,
+        },
+    )
+
+
 async def _start_or_explain(sup: Supervisor, spec: ActorSpec) -> Any:
     try:
         return await sup.start(spec)
@@ -213,30 +232,18 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
             print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
             vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
             prewarm = vm_split(cfg.env.prewarm_envs, e.workers) if cfg.env.prewarm_envs else [0] * e.workers
-            options = {
-                "coordinator": coord.endpoints[0],
-                "broker": broker.endpoints[0],
-                "run_dir": str(run_dir),
-                "agent": msgspec.to_builtins(cfg.agent),
-                "env": msgspec.to_builtins(cfg.env),
-                "setup_timeout_s": e.setup_timeout_s,
-                "policy_timeout_s": cfg.inference.request_timeout_s,
-            }
             try:
                 async with asyncio.TaskGroup() as tg:
                     for i in range(e.workers):
-                        opts = dict(
-                            options,
+                        spec = worker_spec(
+                            cfg,
+                            i,
+                            run_dir,
+                            coordinator=coord.endpoints[0],
+                            broker=broker.endpoints[0],
                             vms=vms[i],
                             prewarm=min(vms[i], prewarm[i]),
                             fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1,
-                        )
-                        spec = ActorSpec(
-                            name=f"worker{i}",
-                            target="guirl.actors.env_worker:EnvWorker",
-                            run_dir=str(run_dir),
-                            cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
-                            options=opts,
                         )
                         tg.create_task(sup.start(spec))
             except* Exception as group:  # say which worker and why, not a traceback of the task group

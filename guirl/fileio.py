@@ -17,8 +17,8 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
 
 
 def last_json_line(path: Path, *, block: int = 1 << 16) -> dict[str, Any]:
-    """The last line of a JSON-lines file as an object ({} if there is none), reading only its tail: a
-    progress display polls it every second while the file grows for days."""
+    """The last complete line of a JSON-lines file that is an object ({} if there is none), reading only
+    its tail: a progress display polls it every second while the file grows for days."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, os.SEEK_END)
@@ -26,12 +26,22 @@ def last_json_line(path: Path, *, block: int = 1 << 16) -> dict[str, Any]:
             data = f.read()
     except OSError:
         return {}
-    lines = data[: data.rfind(b"\n") + 1].splitlines()  # a line still being written is not one yet
-    try:
-        obj = json.loads(lines[-1]) if lines and lines[-1].strip() else {}
-    except ValueError:
-        return {}
-    return obj if isinstance(obj, dict) else {}
+    objects = _json_objects(data)
+    return objects[-1] if objects else {}
+
+
+def _json_objects(data: bytes) -> list[dict[str, Any]]:
+    """The JSON objects on the complete lines of `data` (a line still being written, after the last
+    newline, is not one yet); a line that is not a JSON object is skipped."""
+    out = []
+    for line in data[: data.rfind(b"\n") + 1].splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 class JsonlTail:
@@ -49,14 +59,5 @@ class JsonlTail:
                 data = f.read()
         except OSError:
             return []
-        end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-        self.offset += end
-        out = []
-        for line in data[:end].splitlines():
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(obj, dict):
-                out.append(obj)
-        return out
+        self.offset += data.rfind(b"\n") + 1  # a line still being written waits for the next read
+        return _json_objects(data)

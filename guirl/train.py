@@ -26,7 +26,15 @@ from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
-from guirl.eval import EvalError, _start_or_explain, broker_spec, cpu_set, resolve_checkpoint, vm_split
+from guirl.eval import (
+    EvalError,
+    _start_or_explain,
+    broker_spec,
+    cpu_set,
+    resolve_checkpoint,
+    vm_split,
+    worker_spec,
+)
 from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
 from guirl.tracking import Tracker
 from guirl.vmpool.tasks.suite import load_suite
@@ -34,10 +42,10 @@ from guirl.vmpool.tasks.suite import load_suite
 log = logging.getLogger(__name__)
 
 
-def _env_utilisation(snap: dict[str, Any]) -> float:
-    """The share of VM time spent in episodes so far."""
+def _env_utilisation(snap: dict[str, Any]) -> float | None:
+    """The share of VM time spent in episodes so far (None before any VM time has passed)."""
     vm_time = snap["slots"] * snap["vm_elapsed_s"]
-    return min(1.0, snap["episode_s"] / vm_time) if vm_time > 0 else 0.0
+    return min(1.0, snap["episode_s"] / vm_time) if vm_time > 0 else None
 
 
 class _Tracking:
@@ -57,7 +65,7 @@ class _Tracking:
             snap = coord.snapshot()
             elapsed = time.monotonic() - started
             env = {
-                "env/utilisation": _env_utilisation(snap),
+                "env/utilisation": _env_utilisation(snap) or 0.0,
                 "env/episodes": len(coord.ended),
                 "env/errors": snap["env_errors"],
                 "env/steps_per_s": snap["steps"] / elapsed if elapsed > 0 else 0.0,
@@ -116,7 +124,7 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
     snap = coord.snapshot()
     elapsed = time.monotonic() - started
     target = f"/{updates}" if updates else ""
-    util = _env_utilisation(snap)
+    util = _env_utilisation(snap) or 0.0
     parts = [
         f"[train] version {coord.learner_version}{target}",
         f"env utilisation {util:.0%}",
@@ -298,26 +306,16 @@ async def _train(
             print("[train] broker and learner up", file=out)
             vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
             for i in range(e.workers):
-                await _start_or_explain(
-                    sup,
-                    ActorSpec(
-                        name=f"worker{i}",
-                        target="guirl.actors.env_worker:EnvWorker",
-                        run_dir=str(run_dir),
-                        cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
-                        options={
-                            "coordinator": coord.endpoints[0],
-                            "broker": broker.endpoints[0],
-                            "learner": learner.endpoints[0],
-                            "run_dir": str(run_dir),
-                            "agent": msgspec.to_builtins(cfg.agent),
-                            "env": msgspec.to_builtins(cfg.env),
-                            "vms": vms[i],
-                            "setup_timeout_s": e.setup_timeout_s,
-                            "policy_timeout_s": cfg.inference.request_timeout_s,
-                        },
-                    ),
+                spec = worker_spec(
+                    cfg,
+                    i,
+                    run_dir,
+                    coordinator=coord.endpoints[0],
+                    broker=broker.endpoints[0],
+                    learner=learner.endpoints[0],
+                    vms=vms[i],
                 )
+                await _start_or_explain(sup, spec)
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             tracking = _Tracking(tracker, run_dir)
             await _follow(coord, sup, cfg, run_dir, out, tracking)
@@ -343,8 +341,8 @@ async def _train(
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     metrics = list({m["version"]: m for m in lines}.values())  # by version: a restarted learner repeats one
     steps_trained = sum(m.get("samples", 0) for m in metrics)
-    vm_time = snap["slots"] * snap["vm_elapsed_s"]
-    env_utilisation = round(min(1.0, snap["episode_s"] / vm_time), 4) if vm_time > 0 else None
+    util = _env_utilisation(snap)
+    env_utilisation = round(util, 4) if util is not None else None
     # steady state: samples trained per second from the first update to the last (start-up left out)
     span = metrics[-1]["time"] - metrics[0]["time"] if len(metrics) > 1 else 0.0
     steady = round(sum(m.get("samples", 0) for m in metrics[1:]) / span, 3) if span > 0 else None

@@ -226,9 +226,7 @@ class Trainer:
     def full_state(self) -> dict[str, Any]:
         """The whole state dict on CPU (rank 0; `{}` on the others)."""
         self._send(_FullState())
-        from guirl.learner.fsdp import full_state_dict
-
-        return full_state_dict(self.model)
+        return self._full_state()
 
     def save(self, path: Path) -> None:
         """Write the model (Hugging Face format, with the tokenizer and image processor), `optimizer.pt`
@@ -259,14 +257,15 @@ class Trainer:
                     except BatchRejected as exc:  # every rank rejected it before any collective
                         log.warning("batch rejected: %s", exc)
                 case _FullState():
-                    self.full_state_local()
+                    self._full_state()
                 case _Save(path=path):
                     self._save(Path(path))
                 case _Stop():
                     self.stop()
                     return
 
-    def full_state_local(self) -> dict[str, Any]:
+    def _full_state(self) -> dict[str, Any]:
+        """This rank's part of gathering the whole state dict (rank 0 gets it; the others `{}`)."""
         from guirl.learner.fsdp import full_state_dict
 
         return full_state_dict(self.model)
@@ -299,7 +298,7 @@ class Trainer:
         import torch
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        model_state = self.full_state_local()  # every rank: it all-gathers
+        model_state = self._full_state()  # every rank: it all-gathers
         optim = get_optimizer_state_dict(
             self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )

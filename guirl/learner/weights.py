@@ -241,8 +241,10 @@ def _wait_for_listener(spec: WeightGroupSpec) -> None:
         delay = min(delay * 2, 0.5)
 
 
-class WeightSender:
-    """Rank 0 of the weight group: the learner's side. `open` blocks until every engine has joined."""
+class _Member:
+    """One side's membership of the weight group: joined once, used across updates, left by `close`."""
+
+    _role = ""
 
     def __init__(self) -> None:
         self._group: _Group | None = None
@@ -251,12 +253,32 @@ class WeightSender:
     def is_open(self) -> bool:
         return self._group is not None
 
+    def _join(self, spec: WeightGroupSpec, rank: int) -> None:
+        if self._group is not None:
+            raise WeightSyncError(f"{spec.where}: {self._role} already open")
+        self._group = _Group(spec, rank)
+
+    def close(self) -> None:
+        """Leave the group (peers blocked in a collective fail at once rather than at their timeout)."""
+        if self._group is not None:
+            self._group.close()
+            self._group = None
+
+    def _require(self) -> _Group:
+        if self._group is None:
+            raise WeightSyncError(f"weight {self._role} is not open")
+        return self._group
+
+
+class WeightSender(_Member):
+    """Rank 0 of the weight group: the learner's side. `open` blocks until every engine has joined."""
+
+    _role = "sender"
+
     def open(self, spec: WeightGroupSpec) -> None:
         """Create the store (as its master) and the group; fails with `WeightGroupTimeout` when the
         engines do not all join within `spec.timeout_s`."""
-        if self._group is not None:
-            raise WeightSyncError(f"{spec.where}: sender already open")
-        self._group = _Group(spec, 0)
+        self._join(spec, 0)
 
     def broadcast(
         self, state_dict: dict[str, torch.Tensor], version: int, bucket_bytes: int = DEFAULT_BUCKET_BYTES
@@ -306,23 +328,11 @@ class WeightSender:
             buckets=len(buckets),
         )
 
-    def close(self) -> None:
-        """Leave the group (engines blocked in `receive` fail at once rather than at their timeout)."""
-        if self._group is not None:
-            self._group.close()
-            self._group = None
 
-    def _require(self) -> _Group:
-        if self._group is None:
-            raise WeightSyncError("weight sender is not open")
-        return self._group
-
-
-class WeightReceiver:
+class WeightReceiver(_Member):
     """An engine's side of the weight group (ranks 1..N); stays open across updates."""
 
-    def __init__(self) -> None:
-        self._group: _Group | None = None
+    _role = "receiver"
 
     @property
     def spec(self) -> WeightGroupSpec | None:
@@ -339,9 +349,7 @@ class WeightReceiver:
             raise ValueError(
                 f"{spec.where}: an engine's rank must be in 1..{spec.world_size - 1}, got {rank}"
             )
-        if self._group is not None:
-            raise WeightSyncError(f"{spec.where}: receiver already open")
-        self._group = _Group(spec, rank)
+        self._join(spec, rank)
 
     def receive(self) -> tuple[int, dict[str, torch.Tensor]]:
         """Wait for one broadcast; returns its version and the state dict (in the sender's name order,
@@ -380,17 +388,6 @@ class WeightReceiver:
                 _byte_view(tensors[i]).copy_(staging[offset : offset + sizes[i]])
                 offset += sizes[i]
         return header.version, {m.name: t for m, t in zip(header.tensors, tensors)}
-
-    def close(self) -> None:
-        """Leave the group."""
-        if self._group is not None:
-            self._group.close()
-            self._group = None
-
-    def _require(self) -> _Group:
-        if self._group is None:
-            raise WeightSyncError("weight receiver is not open")
-        return self._group
 
 
 def state_digest(state_dict: dict[str, torch.Tensor]) -> str:
