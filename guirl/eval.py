@@ -158,8 +158,31 @@ def cpu_set(cpus: list[int], setting: str) -> list[int]:
     return sorted(set(cpus))
 
 
-def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> ActorSpec:
-    """The inference broker of a run (eval and train modes alike)."""
+def resolve_prm_checkpoint(cfg: GuirlConfig) -> str:
+    """The PRM judge's checkpoint (`model.prm_model_path`, `PRM_MODEL_PATH`; "" for the scripted judge)."""
+    path, backend = cfg.model.prm_model_path, cfg.prm.backend
+    if backend == "scripted":
+        return ""
+    if backend == "hf" and path == TINY:
+        from guirl.model.tiny import ensure_tiny_checkpoint
+
+        return str(ensure_tiny_checkpoint(TINY_CACHE))
+    if not path:
+        raise InputError(
+            "prm.enabled needs a judge: set PRM_MODEL_PATH (or model.prm_model_path) to its checkpoint, "
+            '"tiny" for the tiny random Qwen3-VL, or prm.backend = "scripted"'
+        )
+    if backend == "hf" and not Path(path, "config.json").is_file():
+        raise InputError(
+            f"model.prm_model_path={path!r} is not a checkpoint directory (no config.json in it)"
+        )
+    return path
+
+
+def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str | None = None) -> ActorSpec:
+    """The inference broker of a run (eval and train modes alike); with `judge_ckpt`, it also serves the
+    PRM's judge under `prm.model_name`."""
+    judge = {"prm": msgspec.to_builtins(cfg.prm), "ckpt": judge_ckpt} if judge_ckpt is not None else None
     return ActorSpec(
         name="broker",
         target="guirl.actors.broker:InferenceBroker",
@@ -171,6 +194,7 @@ def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> ActorSpec:
             "ckpt": ckpt,
             "screen": [cfg.env.screen_width, cfg.env.screen_height],
             "coordinates": cfg.agent.coordinates,
+            "judge": judge,
         },
     )
 

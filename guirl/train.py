@@ -32,6 +32,7 @@ from guirl.eval import (
     broker_spec,
     cpu_set,
     resolve_checkpoint,
+    resolve_prm_checkpoint,
     vm_split,
     worker_spec,
 )
@@ -99,24 +100,30 @@ _TABLE = (  # column, metrics key, format
     ("approx_kl", "approx_kl", "{:.2e}"),
     ("entropy", "entropy", "{:.3f}"),
     ("grad_norm", "grad_norm", "{:.3e}"),
+    ("prm", "prm.score_mean", "{:+.2f}"),
+    ("agree", "prm.agreement", "{:.0%}"),
+    ("invalid", "prm.invalid_vote_rate", "{:.0%}"),
+    ("judge_s", "prm.judge_latency_mean_s", "{:.2f}"),
     ("update_s", "update_s", "{:.1f}"),
     ("idle", "learner_idle_frac", "{:.0%}"),
 )
 
 
 def update_table(metrics: list[dict[str, Any]]) -> str:
-    """One row per update of the metrics that tell how training goes (all of them: metrics.jsonl)."""
-    rows = [[c for c, _, _ in _TABLE]]
+    """One row per update of the metrics that tell how training goes (all of them: metrics.jsonl); a column
+    no update has (the PRM's, in a run without one) is left out."""
+    table = [c for c in _TABLE if any(c[1] in m for m in metrics)] or list(_TABLE)
+    rows = [[c for c, _, _ in table]]
     for m in metrics:
         row = []
-        for _, key, fmt in _TABLE:
+        for _, key, fmt in table:
             v = m.get(key)
             try:
                 row.append(fmt.format(int(v) if fmt == "{:d}" else v) if v is not None else "-")
             except (TypeError, ValueError):
                 row.append(str(v))
         rows.append(row)
-    widths = [max(len(r[i]) for r in rows) for i in range(len(_TABLE))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(table))]
     return "".join(" ".join(c.rjust(w) for c, w in zip(r, widths)) + "\n" for r in rows)
 
 
@@ -142,6 +149,24 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
     return " · ".join(parts)
 
 
+def prm_spec(cfg: GuirlConfig, run_dir: Path, broker: str, learner: Any) -> ActorSpec:
+    """The PRM actor: judges through `broker`; its scores go to the learner when it trains on them
+    (`step_wise`), else they are only recorded beside the episodes."""
+    return ActorSpec(
+        name="prm",
+        target="guirl.actors.prm:PRMActor",
+        bind=[cfg.endpoints.prm],
+        run_dir=str(run_dir),
+        cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
+        options={
+            "broker": broker,
+            "learner": learner.endpoints[0] if cfg.train.advantage == "step_wise" else "",
+            "run_dir": str(run_dir),
+            "prm": msgspec.to_builtins(cfg.prm),
+        },
+    )
+
+
 async def _follow(
     coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir: Path, out: TextIO, tracking: _Tracking
 ) -> None:
@@ -149,6 +174,7 @@ async def _follow(
     be kept up."""
     started, last = time.monotonic(), ""
     kill_at = cfg.train.fault_kill_worker_at_version
+    kill_prm_at = cfg.train.fault_kill_prm_at_version
     while True:
         coord.progress.clear()
         try:
@@ -164,6 +190,12 @@ async def _follow(
                     train_progress_line(coord, last_json_line(run_dir / "metrics.jsonl"), 0, started) + "\n"
                 )
                 return
+        if kill_prm_at and coord.learner_version >= kill_prm_at and "prm" in sup.actors:
+            kill_prm_at = 0  # once: the supervisor restarts it; workers keep their transitions meanwhile
+            pid = sup.kill("prm")
+            out.write(
+                f"[train] fault injection: SIGKILLed the PRM (pid {pid}) at version {coord.learner_version}\n"
+            )
         running = coord.snapshot()["running"]
         if kill_at and coord.learner_version >= kill_at and running and "worker0" in sup.actors:
             kill_at = 0  # once, mid-episode (with one worker, the running episodes are its own)
@@ -196,6 +228,8 @@ async def run_train(
         )
     if not t.updates:
         raise InputError("train.updates must be set (> 0): the number of policy updates to make")
+    if t.advantage == "step_wise" and not cfg.prm.enabled:
+        raise InputError('train.advantage = "step_wise" needs PRM scores: set prm.enabled = true')
     cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus")
     cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus")
     if t.sync:
@@ -208,6 +242,7 @@ async def run_train(
         else []
     )
     ckpt = resolve_checkpoint(cfg)
+    judge_ckpt = resolve_prm_checkpoint(cfg) if cfg.prm.enabled else None
     resume_from = None
     if resume:
         from guirl.actors.learner import latest_checkpoint
@@ -221,7 +256,7 @@ async def run_train(
     save_resolved(cfg, run_dir)
     tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
     try:
-        summary = await _train(cfg, run_dir, tracker, tasks, eval_tasks, ckpt, resume_from, out)
+        summary = await _train(cfg, run_dir, tracker, tasks, eval_tasks, ckpt, judge_ckpt, resume_from, out)
     except BaseException:
         tracker.close(exit_code=1)
         raise
@@ -237,6 +272,7 @@ async def _train(
     tasks: list,
     eval_tasks: list,
     ckpt: str,
+    judge_ckpt: str | None,
     resume_from: Path | None,
     out: TextIO,
 ) -> dict:
@@ -278,7 +314,7 @@ async def _train(
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir))
+            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir, judge_ckpt=judge_ckpt))
             learner = await _start_or_explain(
                 sup,
                 ActorSpec(
@@ -300,10 +336,14 @@ async def _train(
                         "engines": cfg.inference.engines,
                         "resume_from": str(resume_from or ""),
                         "ranks": t.ranks,
+                        "prm_timeout_s": cfg.prm.score_timeout_s,
                     },
                 ),
             )
-            print("[train] broker and learner up", file=out)
+            prm = None
+            if cfg.prm.enabled:
+                prm = await _start_or_explain(sup, prm_spec(cfg, run_dir, broker.endpoints[0], learner))
+            print(f"[train] broker{', PRM' if prm else ''} and learner up", file=out)
             vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
             for i in range(e.workers):
                 spec = worker_spec(
@@ -314,6 +354,15 @@ async def _train(
                     broker=broker.endpoints[0],
                     learner=learner.endpoints[0],
                     vms=vms[i],
+                    **(
+                        {
+                            "prm": prm.endpoints[0],
+                            "prm_history_images": cfg.prm.history_images,
+                            "prm_queue": cfg.prm.worker_queue,
+                        }
+                        if prm
+                        else {}
+                    ),
                 )
                 await _start_or_explain(sup, spec)
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)

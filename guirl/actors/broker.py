@@ -154,6 +154,25 @@ def make_engines(inference: InferenceConfig, *, ckpt: str, screen: tuple[int, in
     return engines
 
 
+def make_judge_engines(prm: Any, *, ckpt: str) -> list:
+    """The PRM judge's engines (`prm` is a PRMConfig): the policy's backends, or the scripted judge."""
+    if prm.backend == "scripted":
+        from guirl.inference.scripted import ScriptedJudgeEngine
+
+        s = prm.scripted
+        return [
+            ScriptedJudgeEngine(f"judge{i}", latency_s=s.latency_s, invalid_every=s.invalid_every)
+            for i in range(prm.engines)
+        ]
+    inference = InferenceConfig(
+        backend=prm.backend, engines=prm.engines, max_batch=prm.max_batch, hf=prm.hf, openai=prm.openai
+    )
+    engines = make_engines(inference, ckpt=ckpt, screen=(0, 0), coordinates="relative")
+    for e in engines:
+        e.name = f"judge-{e.name}"
+    return engines
+
+
 def _response(result: GenResult, waited: float) -> PolicyResponse:
     def tensor(values: list | None, dtype: str) -> Tensor | None:
         return None if values is None else Tensor.from_list(values, dtype)  # type: ignore[arg-type]
@@ -186,6 +205,7 @@ class InferenceBroker(Actor):
         coordinates: str = "relative",
         engines: list[Engine] | None = None,
         model: str = "policy",
+        judge: dict | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -198,6 +218,7 @@ class InferenceBroker(Actor):
         self._engines = engines
         self._engine_args = {"ckpt": ckpt, "screen": tuple(screen), "coordinates": coordinates}
         self.model = model
+        self._judge = judge  # {"prm": PRMConfig as a dict, "ckpt": path}: also serve the PRM's judge
         self.models: dict[str, _ModelQueue] = {}
         self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
@@ -206,9 +227,21 @@ class InferenceBroker(Actor):
 
     async def setup(self) -> None:
         engines = self._engines if self._engines is not None else make_engines(self.cfg, **self._engine_args)
+        await self._start_model(self.model, engines)
+        if self._judge is not None:  # the PRM's judge: another model name, its own engines, never updated
+            from guirl.config.schema import PRMConfig
+
+            prm = msgspec.convert(self._judge.get("prm") or {}, PRMConfig)
+            judge = make_judge_engines(prm, ckpt=self._judge.get("ckpt", ""))
+            await self._start_model(prm.model_name, judge, max_batch=prm.max_batch)
+        self.policy_version = max(slot.engine.policy_version for slot in self.models[self.model].slots)
+
+    async def _start_model(self, model: str, engines: list[Engine], max_batch: int | None = None) -> None:
         if not engines:
-            raise FatalError("the broker has no engines")
-        queue = _ModelQueue(self.model, engines, self.cfg.max_batch, self.cfg.max_queue)
+            raise FatalError(f"the broker has no engines for {model!r}")
+        if model in self.models:
+            raise FatalError(f"two sets of engines for model name {model!r}")
+        queue = _ModelQueue(model, engines, max_batch or self.cfg.max_batch, self.cfg.max_queue)
         results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
         for slot, res in zip(queue.slots, results, strict=True):
             if isinstance(res, BaseException):
@@ -217,10 +250,9 @@ class InferenceBroker(Actor):
             else:
                 slot.healthy = True
         if not queue.any_healthy:
-            raise FatalError(f"no engine of {self.model!r} could start: {results[0]!r}")
-        self.models[self.model] = queue
-        self.policy_version = max(e.policy_version for e in engines)
-        log.info("%d engine(s) up for %r: %s", len(engines), self.model, [e.name for e in engines])
+            raise FatalError(f"no engine of {model!r} could start: {results[0]!r}")
+        self.models[model] = queue
+        log.info("%d engine(s) up for %r: %s", len(engines), model, [e.name for e in engines])
 
     async def main(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -277,6 +309,7 @@ class InferenceBroker(Actor):
             request_id=req.header.msg_id,
             task_id=msg.task_id,
             step=msg.step,
+            episode_id=msg.episode_id,
         )
         queue.queue.append(_Pending(req.peer, req.header.msg_id, gen, time.monotonic(), req.nbytes))
         self.pending_bytes += req.nbytes
@@ -426,10 +459,10 @@ class InferenceBroker(Actor):
             queue.changed.set()
 
     async def _update_weights(self, msg: WeightsPublished) -> None:
-        """Every engine takes the new weights between its batches: from a path, or by joining the
+        """Every policy engine takes the new weights between its batches: from a path, or by joining the
         learner's weight group (rank 1.. in engine order), all at once, since a broadcast completes only
-        when every member has joined."""
-        slots = [slot for queue in self.models.values() for slot in queue.slots]
+        when every member has joined. The judge's engines keep theirs (the PRM is not trained)."""
+        slots = self.models[self.model].slots
 
         async def one(rank: int, slot: _EngineSlot) -> None:
             if msg.weight_group:

@@ -18,6 +18,7 @@ What is whose fault is decided here, carefully (the seed got these wrong):
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_pr
 from guirl.config.schema import AgentConfig, EnvConfig
 from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
-from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel
+from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel, PRMChannel
 from guirl.messages.types import (
     ChatMessage,
     EpisodeAssignment,
@@ -50,6 +51,7 @@ from guirl.messages.types import (
     SamplingParams,
     StepSample,
     Trajectory,
+    Transition,
     WorkRequest,
 )
 from guirl.vmpool.client import VMClient, VMError
@@ -84,6 +86,7 @@ class _Episode:
     samples: list[StepSample] = field(default_factory=list)  # train mode: what the learner gets
     screens: list[Image] = field(default_factory=list)
     screen_index: dict[bytes, int] = field(default_factory=dict)  # sha256 of a prompt image -> screens
+    prm_dropped: list[int] = field(default_factory=list)  # steps the PRM will never see
 
     def add_sample(self, step: int, prompt: Any, response: PolicyResponse, action_line: str) -> None:
         """Keep a step as a training sample: the engine's exact tokens, each prompt image once."""
@@ -143,6 +146,9 @@ class EnvWorker(Actor):
         fault_kill_vm_at_step: int = -1,
         lease_ttl_s: float = 120.0,
         pool_health_interval_s: float = 2.0,
+        prm: str = "",
+        prm_history_images: int = 0,
+        prm_queue: int = 256,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -161,6 +167,11 @@ class EnvWorker(Actor):
         self.pool: VMPool | None = None
         self.provider: Any = None
         self.screen = (self.env.screen_width, self.env.screen_height)
+        self.prm_ep = prm
+        self.prm_history_images = prm_history_images
+        self.prm_queue = prm_queue
+        self.outbox: collections.deque[Transition] = collections.deque()  # transitions for the PRM
+        self._outbox_changed = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -168,6 +179,7 @@ class EnvWorker(Actor):
         self.coord = self.connect("coordinator", self.coordinator_ep, CoordinatorChannel)
         self.broker = self.connect("broker", self.broker_ep, PolicyChannel)
         self.learner = self.connect("learner", self.learner_ep, LearnerChannel) if self.learner_ep else None
+        self.prm = self.connect("prm", self.prm_ep, PRMChannel) if self.prm_ep else None
         if self.env.provider != "local":
             raise ActorError(f"provider {self.env.provider!r} is not available in this build")
         from guirl.vmpool.local import LocalProvider
@@ -198,8 +210,12 @@ class EnvWorker(Actor):
             cap=rt.reconnect_backoff_max_s,
         )
         async with asyncio.TaskGroup() as tg:
-            for i in range(self.slots):
-                tg.create_task(self._slot(i), name=f"slot{i}")
+            sender = tg.create_task(self._send_transitions(), name="prm-sender") if self.prm else None
+            async with asyncio.TaskGroup() as slots:
+                for i in range(self.slots):
+                    slots.create_task(self._slot(i), name=f"slot{i}")
+            if sender is not None:  # no more episodes: what the PRM has not taken is not needed any more
+                sender.cancel()
 
     async def _slot(self, index: int) -> None:
         rt = self.runtime
@@ -336,6 +352,7 @@ class EnvWorker(Actor):
             score=episode.score,
             outcome=episode.outcome,
             attempt=ep.attempt,
+            prm_dropped=episode.prm_dropped,
         )
         rt = self.runtime
         await retry_idempotent(
@@ -345,6 +362,68 @@ class EnvWorker(Actor):
             cap=rt.reconnect_backoff_max_s,
         )
         self.counters["trajectories.sent"] += 1
+
+    # -- the PRM's transitions -----------------------------------------------------------------------
+
+    def _transition(
+        self, episode: _Episode, instruction: str, step: int, before: bytes, response: str, after: bytes
+    ) -> None:
+        """Queue one step for the PRM (never waits: a worker does not slow down for its judge). Past the
+        bound the step goes unjudged, and the trajectory says so (the learner does not wait for it)."""
+        if self.prm is None:
+            return
+        ep = episode.ep
+        w, h = self.screen
+        history = episode.history[-self.prm_history_images :] if self.prm_history_images else []
+        t = Transition(
+            episode_id=ep.episode_id,
+            step=step,
+            instruction=instruction,
+            previous_actions=[r.action_line for r in episode.history],
+            response=response,
+            before=Image(data=Blob(before), width=w, height=h),
+            after=Image(data=Blob(after), width=w, height=h),
+            history=[Image(data=Blob(r.screenshot), width=w, height=h) for r in history],
+            task_id=ep.task_id,
+            group_id=ep.group_id,
+            seed=ep.seed,
+        )
+        if len(self.outbox) >= self.prm_queue:
+            episode.prm_dropped.append(step)
+            self.counters["prm.dropped_full"] += 1
+            return
+        self.outbox.append(t)
+        self._outbox_changed.set()
+
+    async def _send_transitions(self) -> None:
+        """Hand queued transitions to the PRM in order, one at a time; while it is away or full, keep them
+        (the outbox's bound is the only loss) and try again with backoff."""
+        delays = None
+        while True:
+            if not self.outbox:
+                self._outbox_changed.clear()
+                await self._outbox_changed.wait()
+                continue
+            t = self.outbox[0]
+            try:
+                await self.prm.request(t, timeout=self.runtime.request_timeout_s)
+            except ActorError as exc:
+                if exc.transient:
+                    self.counters["prm.retries"] += 1
+                    if delays is None:
+                        delays = backoff_delays(
+                            self.runtime.reconnect_backoff_initial_s, self.runtime.reconnect_backoff_max_s
+                        )
+                    await asyncio.sleep(next(delays))
+                    continue
+                # refused for good (a schema mismatch, a transition too large): counted, never retried
+                self.counters["prm.refused"] += 1
+                log.warning("the PRM refused step %d of %s: %s", t.step, t.episode_id, exc)
+            else:
+                self.counters["prm.sent"] += 1
+            delays = None
+            if self.outbox and self.outbox[0] is t:
+                self.outbox.popleft()
 
     async def _keep_lease(self, lease: Any) -> None:
         """Heartbeat `lease` well inside its TTL until the episode lets it go (or it breaks)."""
@@ -360,6 +439,7 @@ class EnvWorker(Actor):
     ) -> None:
         ep = episode.ep
         screenshot = await client.screenshot()
+        terminal = None
         with open(episode.dir / "traj.jsonl", "w") as traj:
             for step in range(ep.max_steps):
                 if lease.broken:
@@ -411,6 +491,8 @@ class EnvWorker(Actor):
                     traj.write(json.dumps(record) + "\n")
                     if ep.mode == "train":  # an unparseable response is the policy's: it is trained on
                         episode.add_sample(step, prompt, response, "")
+                        # nothing was executed: the judge sees the same screen after
+                        self._transition(episode, instruction, step, screenshot, response.text, screenshot)
                     return
                 if ep.mode == "train":
                     episode.add_sample(step, prompt, response, parsed.action_line)
@@ -425,14 +507,22 @@ class EnvWorker(Actor):
                 )
                 traj.write(json.dumps(record) + "\n")
                 traj.flush()
-                episode.history.append(StepRecord(screenshot, response.text, parsed.action_line))
+                before = screenshot
                 if terminal is not None:
                     episode.outcome = "fail" if isinstance(terminal, Fail) else "done"
                     break
                 screenshot = next_shot or await client.screenshot()
+                if ep.mode == "train":
+                    self._transition(episode, instruction, step, before, response.text, screenshot)
+                episode.history.append(StepRecord(before, response.text, parsed.action_line))
             else:
                 episode.outcome = "truncated"  # evaluated as it stands; no FAIL is sent for it
-            (episode.dir / "final.png").write_bytes(await client.screenshot())
+            final = await client.screenshot()
+            (episode.dir / "final.png").write_bytes(final)
+            if terminal is not None:
+                if ep.mode == "train":
+                    self._transition(episode, instruction, step, before, response.text, final)
+                episode.history.append(StepRecord(before, response.text, parsed.action_line))
 
     async def _act(
         self, client: VMClient, actions: list[AnyAction], ctx: TaskContext

@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from guirl.actors.base import Actor, Request
 from guirl.actors.errors import ActorError, FatalError
 from guirl.config.schema import TrainConfig
 from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
-from guirl.messages.types import Ack, LearnerResumed, Message, Trajectory, WeightsPublished
+from guirl.messages.types import Ack, LearnerResumed, Message, StepScore, Trajectory, WeightsPublished
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Learner(Actor):
         engines: int = 1,
         resume_from: str = "",
         ranks: int = 1,
+        prm_timeout_s: float = 300.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -89,6 +91,8 @@ class Learner(Actor):
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.idle_s = 0.0
         self.busy_s = 0.0
+        self.prm_timeout_s = prm_timeout_s
+        self.board: Any = None  # step-wise: trajectories wait here for their PRM scores
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -101,6 +105,10 @@ class Learner(Actor):
             partial=self.cfg.partial_groups,
             max_staleness=self.cfg.max_staleness,
         )
+        if self.cfg.advantage == "step_wise":
+            from guirl.prm.scores import ScoreBoard
+
+            self.board = ScoreBoard(timeout_s=self.prm_timeout_s)
         self.broker = self.connect("broker", self.broker_ep, PolicyChannel) if self.broker_ep else None
         self.coord = (
             self.connect("coordinator", self.coordinator_ep, CoordinatorChannel)
@@ -201,10 +209,24 @@ class Learner(Actor):
     async def handle(self, req: Request) -> Message | None:
         match req.msg:
             case Trajectory() as traj:
-                accepted = self.buffer.add(traj)
                 self.counters["trajectories.received"] += 1
+                if self.board is not None and traj.episode_id not in self.buffer.seen:
+                    ready = self.board.add_trajectory(traj)  # held until its steps' scores are in
+                    if ready is None:
+                        return Ack(ok=True, note="waiting for its PRM scores")
+                    traj = ready
+                accepted = self.buffer.add(traj)
                 self._arrived.set()
                 return Ack(ok=True, note="accepted" if accepted else "already had it, or not trainable")
+            case StepScore() as score:
+                self.counters["prm.scores_received"] += 1
+                if self.board is None:
+                    return Ack(ok=False, note="this learner does not use PRM scores")
+                ready = self.board.add_score(score)
+                if ready is not None:
+                    self.buffer.add(ready)
+                    self._arrived.set()
+                return Ack(ok=True)
         return await super().handle(req)
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -240,6 +262,9 @@ class Learner(Actor):
     async def _collect(self) -> Any:
         """Wait until `batch_size` groups are ready (settling timed-out groups on the way)."""
         while True:
+            if self.board is not None:
+                for traj in self.board.expire():  # waited long enough: unscored steps marked missing
+                    self.buffer.add(traj)
             self.buffer.expire()
             batch = self.buffer.take(self.batch_size, self.version)
             if batch is not None:
@@ -251,32 +276,36 @@ class Learner(Actor):
                 pass
 
     async def _update(self, batch: Any) -> dict[str, Any] | None:
-        import torch
-
-        from guirl.learner.advantages import grpo_advantages
+        from guirl.learner.advantages import trajectory_advantages
         from guirl.learner.samples import samples_from_trajectory
 
+        cfg = self.cfg
         trajs = batch.trajectories
         self.trained_groups.update(g.group_id for g in batch.groups)
         self.trained_episodes.update(t.episode_id for t in trajs)
-        rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float64)
-        adv = grpo_advantages(rewards, [t.group_id for t in trajs])
+        adv = trajectory_advantages(
+            [t.reward for t in trajs],
+            [t.group_id for t in trajs],
+            [[s.prm_score for s in t.steps] for t in trajs],
+            [[s.step for s in t.steps] for t in trajs],
+            estimator=cfg.advantage,
+            prm_coef=cfg.prm_step_coef,
+        )
         samples, unusable = [], 0
-        for traj, a, informative in zip(
-            trajs, adv.advantages.tolist(), adv.informative.tolist(), strict=True
-        ):
-            if self.cfg.filter_degenerate and not informative:
-                continue
+        for traj, advantages, informative in zip(trajs, adv.advantages, adv.informative, strict=True):
             try:
-                made = samples_from_trajectory(traj, a)
+                made = samples_from_trajectory(traj, advantages)
                 vision = self.renderer.vision_token_ids
                 bad = next((s for s in made if vision.intersection(s.response_ids)), None)
                 if bad is not None:  # the forward would count it as an image slot and fail the batch
                     raise ValueError(f"{bad.name}: the response holds a vision token")
-                samples.extend(made)
             except ValueError as exc:  # a malformed trajectory is counted, never trained on
                 unusable += 1
                 log.warning("trajectory %s not trainable: %s", traj.episode_id, exc)
+                continue
+            if cfg.filter_degenerate:
+                made = [m for m, keep in zip(made, informative, strict=True) if keep]
+            samples.extend(made)
         self.counters["trajectories.unusable"] += unusable
         if not samples:
             self.counters["updates.skipped_empty"] += 1
@@ -289,21 +318,53 @@ class Learner(Actor):
             self.counters["updates.rejected_batches"] += 1
             log.warning("batch of %d trajectories dropped: %s", len(trajs), exc)
             return None
+        if cfg.log_advantages:
+            self._log_advantages(trajs, samples)
         versions = [s.policy_version for s in samples]
-        return {
+        values = [s.advantage for s in samples]
+        mean = sum(values) / len(values)
+        rewards = [t.reward for t in trajs]
+        metrics = {
             **step,
-            "reward_mean": round(float(rewards.mean()), 4),
+            "reward_mean": round(sum(rewards) / len(rewards), 4),
             "success_rate": round(sum(1 for t in trajs if (t.score or 0) >= 1.0) / len(trajs), 4),
-            "adv_mean": round(float(adv.advantages.mean()), 4),
-            "adv_std": round(float(adv.advantages.std()) if len(trajs) > 1 else 0.0, 4),
-            "degenerate_groups": adv.degenerate_groups,
-            "groups": adv.groups,
+            "adv_mean": round(mean, 4),
+            "adv_std": round((sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5, 4)
+            if len(values) > 1
+            else 0.0,
+            "degenerate_groups": adv.degenerate,
+            "groups": len(batch.groups),
             "trajectories": len(trajs),
             "stale_steps_dropped": batch.stale_steps,
             "partial_groups": batch.partial_groups,
             "version_lag_mean": round(sum(self.version - max(v, 0) for v in versions) / len(versions), 3),
             "version_lag_max": max(self.version - max(v, 0) for v in versions),
         }
+        if cfg.advantage == "step_wise":
+            metrics.update(buckets=adv.buckets, outcome_only_steps=adv.outcome_only_steps)
+            metrics.update(prm_metrics(trajs))
+            metrics.update(self.board.take_stats().metrics())
+        return metrics
+
+    def _log_advantages(self, trajs: list[Trajectory], samples: list) -> None:
+        """What each trained step was credited with (`train.log_advantages`): to study the estimator."""
+        by_episode = {t.episode_id: t for t in trajs}
+        with open(self.run_dir / "advantages.jsonl", "a") as f:
+            for s in samples:
+                t = by_episode[s.episode_id]
+                step = next(x for x in t.steps if x.step == s.step)
+                line = {
+                    "version": self.version + 1,
+                    "episode_id": s.episode_id,
+                    "group_id": s.group_id,
+                    "task_id": t.task_id,
+                    "step": s.step,
+                    "reward": t.reward,
+                    "prm_score": step.prm_score,
+                    "prm_status": step.prm_status,
+                    "advantage": s.advantage,
+                }
+                f.write(json.dumps(line) + "\n")
 
     def _step(self, samples: list) -> dict[str, Any]:
         return self.trainer.step(samples)
@@ -434,6 +495,25 @@ class Learner(Actor):
     def _log_metrics(self, metrics: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"time": round(time.time(), 3), **metrics}) + "\n")
+
+
+def prm_metrics(trajs: list[Trajectory]) -> dict[str, float | int]:
+    """The PRM scores of a batch: their distribution, and how often their sign agrees with the episode's
+    outcome (a step judged +1 in a solved episode, or -1 in a failed one)."""
+    scores = [(s.prm_score, t.reward) for t in trajs for s in t.steps if s.prm_score is not None]
+    signed = [(p, r) for p, r in scores if p != 0 and r != 0]
+    n = len(scores)
+    statuses = Counter(s.prm_status for t in trajs for s in t.steps)
+    return {
+        **{f"prm.steps_{k}": statuses[k] for k in ("scored", "invalid", "error", "missing", "dropped")},
+        "prm.score_mean": round(sum(p for p, _ in scores) / n, 4) if n else 0.0,
+        "prm.positive_frac": round(sum(p > 0 for p, _ in scores) / n, 4) if n else 0.0,
+        "prm.negative_frac": round(sum(p < 0 for p, _ in scores) / n, 4) if n else 0.0,
+        "prm.agreement": round(sum((p > 0) == (r > 0) for p, r in signed) / len(signed), 4)
+        if signed
+        else 0.0,
+        "prm.scored_frac": round(n / max(1, sum(len(t.steps) for t in trajs)), 4),
+    }
 
 
 def _exited(proc: Any) -> asyncio.Future:

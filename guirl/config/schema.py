@@ -329,6 +329,59 @@ class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Scripted backend settings."""
 
 
+class ScriptedJudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The scripted judge: known verdicts without a model (tests, benchmarks)."""
+
+    latency_s: Annotated[float, Meta(ge=0)] = 0.0
+    """Seconds each judge call takes (a judge that takes a fixed time per call)."""
+    invalid_every: NonNegInt = 0
+    """Every n-th step (by a stable hash) gets an answer without a score (0 = never)."""
+
+
+class PRMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The process reward model: a judge VLM that scores every step as it streams (PRM+RL mode)."""
+
+    enabled: bool = False
+    """Judge every training step (the judge's checkpoint is `model.prm_model_path`)."""
+    backend: Literal["hf", "openai", "scripted", "sglang"] = "hf"
+    """Engine backend of the judge, behind the broker under its own model name."""
+    model_name: str = "judge"
+    """The judge's model name at the broker."""
+    engines: PosInt = 1
+    """Judge engine instances."""
+    max_batch: PosInt = 8
+    """Most judge requests in one engine batch."""
+    votes: PosInt = 1
+    """Votes per step (m), each sampled with its own seed; the step's score is the mean of the valid ones."""
+    temperature: Annotated[float, Meta(ge=0, le=100)] = 0.6
+    """Sampling temperature of the judge (votes with distinct seeds need it above 0)."""
+    max_new_tokens: PosInt = 4096
+    """Most tokens of one judge answer (it reasons before its boxed score)."""
+    template: str = "guirl-prm-v1"
+    """The judge prompt: a built-in name, or a TOML file with `system` and `user` (guirl/prm/prompt.py)."""
+    history_images: NonNegInt = 0
+    """Earlier screenshots shown to the judge besides the current and the next one."""
+    max_pixels: PosInt = 16 * 16 * 4 * 12800
+    """Most pixels of one judge image after `smart_resize` (the policy's default bound)."""
+    max_concurrency: PosInt = 32
+    """Transitions judged at once (each sends `votes` requests)."""
+    max_queue: PosInt = 1024
+    """Transitions queued at the PRM before new ones are refused (the workers keep them meanwhile)."""
+    worker_queue: PosInt = 256
+    """Transitions an env worker holds for the PRM while it is away or full; beyond, a step goes unjudged."""
+    score_timeout_s: PosFloat = 300.0
+    """Seconds the learner waits, after an episode's trajectory arrives, for its steps' scores; steps still
+    without one are marked missing (never invented) and train on the outcome alone."""
+    request_timeout_s: PosFloat = 600.0
+    """Seconds one judge request may take."""
+    hf: HFBackendConfig = msgspec.field(default_factory=HFBackendConfig)
+    """Transformers backend settings of the judge."""
+    openai: OpenAIBackendConfig = msgspec.field(default_factory=OpenAIBackendConfig)
+    """OpenAI-compatible endpoint of the judge."""
+    scripted: ScriptedJudgeConfig = msgspec.field(default_factory=ScriptedJudgeConfig)
+    """Scripted judge settings."""
+
+
 class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Evaluation-only mode (`guirl eval`)."""
 
@@ -397,6 +450,13 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
     sync: bool = False
     """Run rollout and training in turns (no overlap), for comparison with the decoupled default."""
+    advantage: Literal["grpo", "step_wise"] = "grpo"
+    """Advantage estimator: `grpo` (episode outcome, z-scored in the group) or `step_wise` (PRM mode: per
+    step, outcome + prm_step_coef x PRM score, z-scored over the group's steps of the same index)."""
+    prm_step_coef: Annotated[float, Meta(ge=0)] = 1.0
+    """Weight of the PRM score in a step's score (`step_wise`)."""
+    log_advantages: bool = False
+    """Write each trained step's reward, PRM score and advantage to <run_dir>/advantages.jsonl."""
     threads: NonNegInt = 0
     """CPU threads of each learner rank's torch ops (0 = torch's default, one per core); on a small CPU
     machine shared with the engines and desktops, fewer threads contend less."""
@@ -406,6 +466,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     fault_kill_worker_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL env worker 0 mid-episode once the learner reaches this version
     (0 = off)."""
+    fault_kill_prm_at_version: NonNegInt = 0
+    """Fault injection for tests: SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -447,6 +509,8 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Evaluation-only mode."""
     train: TrainConfig = msgspec.field(default_factory=TrainConfig)
     """RL mode."""
+    prm: PRMConfig = msgspec.field(default_factory=PRMConfig)
+    """Process reward model (PRM+RL mode)."""
 
 
 # The seed scripts' environment variables, by name -> dotted config path.

@@ -50,6 +50,8 @@ class GenRequest:
     """The task being played (the scripted engine answers per task; others ignore it)."""
     step: int = 0
     """The step of the episode this request is for."""
+    episode_id: str = ""
+    """The episode this request is for (the scripted judge answers per episode and step)."""
 
 
 @dataclass

@@ -125,3 +125,59 @@ def _parse_script(path: Path, text: str) -> list[ScriptLine]:
             lines.append(obj["response"])
         last_step = step
     return lines
+
+
+def scripted_verdict(episode_id: str, step: int, invalid_every: int = 0) -> int | None:
+    """The scripted judge's verdict on a step: +1 or -1 from a stable hash of (episode, step), or None (an
+    answer without a score) for every `invalid_every`-th hash. Tests compute the expected scores with it."""
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(f"{episode_id}:{step}".encode()).digest()[:8], "big")
+    if invalid_every and h % invalid_every == 0:
+        return None
+    return 1 if (h >> 16) % 2 == 0 else -1
+
+
+class ScriptedJudgeEngine:
+    """A PRM judge without a model: answers each judge request with `scripted_verdict` of its episode and
+    step, as a judge would write it (reasoning, then `\\boxed{...}`), after `latency_s` per call."""
+
+    supports_tokens = False
+
+    def __init__(
+        self, name: str, *, latency_s: float = 0.0, invalid_every: int = 0, max_batch: int = 8
+    ) -> None:
+        self.name = name
+        self.policy_version = -1
+        self.max_batch = max_batch
+        self.latency_s = latency_s
+        self.invalid_every = invalid_every
+
+    async def start(self) -> None:
+        """Nothing to load."""
+
+    async def generate(self, batch: list[GenRequest]) -> list[GenResult]:
+        """Each request's verdict, after one fixed delay per call."""
+        started = time.monotonic()
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
+        results = []
+        for r in batch:
+            verdict = scripted_verdict(r.episode_id, r.step, self.invalid_every)
+            text = (
+                "The next observation is unreadable to me, so I give no score."
+                if verdict is None
+                else f"Judging step {r.step} of {r.episode_id}: the verdict is \\boxed{{{verdict}}}"
+            )
+            results.append(GenResult(text=text, finish_reason="stop"))
+        return stamp(results, self, started)
+
+    async def health(self) -> bool:
+        """Always able to serve."""
+        return True
+
+    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+        """A judge is not trained."""
+
+    async def close(self) -> None:
+        """Nothing to release."""

@@ -16,11 +16,13 @@ from guirl.learner.rewards import outcome_reward  # noqa: F401  (re-exported: th
 
 __all__ = [
     "GroupAdvantages",
+    "StepAdvantages",
     "broadcast_to_tokens",
     "filter_degenerate",
     "grpo_advantages",
     "outcome_reward",
     "step_wise_advantages",
+    "trajectory_advantages",
 ]
 
 
@@ -93,9 +95,10 @@ def step_wise_advantages(
     where mean and std run over the bucket of steps sharing (group, step index): the t-th steps
     of all episodes of one task. `prm_coef` is applied to the step score that is normalised;
     the seed applied its `prm_step_coef` only to the logged episode score, so its advantages
-    ignored the coefficient. Buckets follow `grpo_advantages`' rules (unbiased std; a bucket of
-    one or of equal scores gives 0 and is counted). The seed kept a size-1 bucket's raw score
-    and used the population std; we keep one rule for both estimators.
+    ignored the coefficient. A bucket of one (only one episode of the group got that far) keeps its
+    score as its advantage: there is no peer to compare it with, and its outcome and judged progress
+    are still a signal (as the seed does). A bucket of two or more equal scores gives exactly 0 and
+    is counted as degenerate. std is unbiased, as in `grpo_advantages`.
     """
     n = len(prm_scores)
     if not (len(outcomes) == len(group_ids) == len(step_indices) == n):
@@ -109,7 +112,86 @@ def step_wise_advantages(
     )
     buckets = [(g, int(t)) for g, t in zip(group_ids, step_indices, strict=True)]
     index, num_buckets = _group_index(buckets, n, scores.device)
-    return _group_zscore(scores, index, num_buckets, eps=eps, std_normalize=std_normalize)
+    out = _group_zscore(scores, index, num_buckets, eps=eps, std_normalize=std_normalize)
+    sizes = torch.zeros(num_buckets, dtype=torch.long).index_add(0, index, torch.ones_like(index))
+    alone = sizes[index] == 1
+    return GroupAdvantages(
+        advantages=torch.where(alone, scores, out.advantages.to(torch.float64)).to(out.advantages.dtype),
+        informative=out.informative | alone,
+        degenerate_groups=out.degenerate_groups - int((sizes == 1).sum().item()),
+        groups=num_buckets,
+    )
+
+
+@dataclass(frozen=True)
+class StepAdvantages:
+    """Per-step advantages of a batch of trajectories (`advantages[i][j]`: trajectory i, step sample j)."""
+
+    advantages: list[list[float]]
+    informative: list[list[bool]]
+    """Whether each step carries a learning signal (the optional degenerate filter's mask)."""
+    degenerate: int
+    """Buckets (step-wise) or groups (grpo) whose scores are all equal: zero advantage."""
+    buckets: int
+    """(group, step index) buckets (step-wise) or groups (grpo)."""
+    outcome_only_steps: int = 0
+    """Step-wise: steps without a PRM score, which take their episode's GRPO outcome advantage."""
+
+
+def trajectory_advantages(
+    rewards: Sequence[float],
+    group_ids: Sequence[Hashable],
+    prm_scores: Sequence[Sequence[float | None]],
+    step_indices: Sequence[Sequence[int]],
+    *,
+    estimator: str = "grpo",
+    prm_coef: float = 1.0,
+    eps: float = 1e-6,
+    std_normalize: bool = True,
+) -> StepAdvantages:
+    """The advantage of every step of every trajectory, by `estimator`.
+
+    `grpo`: every step takes its episode's group z-scored outcome (`grpo_advantages`).
+    `step_wise`: the steps with a PRM score take `step_wise_advantages` over their (group, step index)
+    buckets; a step without one (the judge missed it, or had no valid vote) is not given an invented
+    score: it takes its episode's GRPO outcome advantage, and is counted.
+    """
+    n = len(rewards)
+    if not (len(group_ids) == len(prm_scores) == len(step_indices) == n):
+        raise ValueError("trajectory inputs must be aligned (one entry per trajectory)")
+    if any(len(p) != len(t) for p, t in zip(prm_scores, step_indices, strict=True)):
+        raise ValueError("each trajectory needs one PRM score (or None) per step index")
+    grpo = grpo_advantages(
+        torch.tensor(list(rewards), dtype=torch.float64),
+        list(group_ids),
+        eps=eps,
+        std_normalize=std_normalize,
+    )
+    episode_adv = grpo.advantages.tolist()
+    episode_info = grpo.informative.tolist()
+    advantages = [[episode_adv[i]] * len(step_indices[i]) for i in range(n)]
+    informative = [[episode_info[i]] * len(step_indices[i]) for i in range(n)]
+    if estimator == "grpo":
+        return StepAdvantages(advantages, informative, grpo.degenerate_groups, grpo.groups)
+    if estimator != "step_wise":
+        raise ValueError(f"unknown advantage estimator {estimator!r} (grpo or step_wise)")
+    where = [(i, j) for i in range(n) for j, p in enumerate(prm_scores[i]) if p is not None]
+    if not where:
+        return StepAdvantages(advantages, informative, 0, 0, sum(len(t) for t in step_indices))
+    out = step_wise_advantages(
+        [prm_scores[i][j] for i, j in where],
+        [rewards[i] for i, _ in where],
+        [group_ids[i] for i, _ in where],
+        [step_indices[i][j] for i, j in where],
+        prm_coef=prm_coef,
+        eps=eps,
+        std_normalize=std_normalize,
+    )
+    for (i, j), a, inf in zip(where, out.advantages.tolist(), out.informative.tolist(), strict=True):
+        advantages[i][j] = a
+        informative[i][j] = inf
+    total = sum(len(t) for t in step_indices)
+    return StepAdvantages(advantages, informative, out.degenerate_groups, out.groups, total - len(where))
 
 
 def broadcast_to_tokens(adv_per_sample: Tensor, response_mask: Tensor) -> Tensor:

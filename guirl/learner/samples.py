@@ -14,6 +14,7 @@ holds the quantity of the prediction made AT `t`, i.e. of token `input_ids[:, t 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,8 +64,9 @@ class TrainSample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def samples_from_trajectory(traj: Trajectory, advantage: float) -> list[TrainSample]:
-    """One `TrainSample` per step of a completed episode, all with the episode's `advantage`.
+def samples_from_trajectory(traj: Trajectory, advantage: float | Sequence[float]) -> list[TrainSample]:
+    """One `TrainSample` per step of a completed episode, with the episode's `advantage`, or with one
+    advantage per step (step-wise estimation) when given a sequence.
 
     ValueError naming the episode and step for a malformed step (wrong dtype or rank, log-probs that do
     not match the response, an empty response, a non-finite log-prob), and for an episode that did not
@@ -72,10 +74,16 @@ def samples_from_trajectory(traj: Trajectory, advantage: float) -> list[TrainSam
     """
     if traj.status != "completed":
         raise ValueError(f"episode {traj.episode_id!r} is {traj.status}, not completed: it has no reward")
-    if not math.isfinite(advantage):
-        raise ValueError(f"episode {traj.episode_id!r}: advantage {advantage} is not finite")
+    per_step = [advantage] * len(traj.steps) if isinstance(advantage, int | float) else list(advantage)
+    if len(per_step) != len(traj.steps):
+        raise ValueError(
+            f"episode {traj.episode_id!r}: {len(per_step)} advantages for {len(traj.steps)} steps"
+        )
+    bad = next((a for a in per_step if not math.isfinite(a)), None)
+    if bad is not None:
+        raise ValueError(f"episode {traj.episode_id!r}: advantage {bad} is not finite")
     samples = []
-    for s in traj.steps:
+    for s, step_advantage in zip(traj.steps, per_step, strict=True):
         where = f"episode {traj.episode_id!r} step {s.step}"
         prompt = _wire_list(s.prompt_ids, "int32", f"{where}: prompt_ids")
         response = _wire_list(s.response_ids, "int32", f"{where}: response_ids")
@@ -93,7 +101,7 @@ def samples_from_trajectory(traj: Trajectory, advantage: float) -> list[TrainSam
                 response_ids=response,
                 behaviour_logprobs=logprobs,
                 images=_step_images(traj, s, where),
-                advantage=float(advantage),
+                advantage=float(step_advantage),
                 policy_version=s.policy_version,
                 episode_id=traj.episode_id,
                 step=s.step,

@@ -43,7 +43,7 @@ CoordinatorChannel = (
     | LearnerResumed
 )
 PolicyChannel = Control | Ack | PolicyRequest | PolicyResponse | WeightsPublished
-PRMChannel = Control | Transition | StepScore
+PRMChannel = Control | Ack | Transition | StepScore
 LearnerChannel = Control | Trajectory | StepScore | Ack | WeightsPublished
 
 ANY = (

@@ -315,10 +315,16 @@ class Transition(Message):
     step: int
     instruction: str
     previous_actions: list[str]
+    """The action lines of the steps before this one, oldest first."""
     response: str
     before: Image
     after: Image
     history: list[Image] = []
+    """Earlier screenshots (oldest first; the last is the step just before this one)."""
+    task_id: str = ""
+    group_id: str = ""
+    seed: int = 0
+    """Base of the votes' sampling seeds (vote i uses a seed derived from it, the episode and the step)."""
 
 
 class StepScore(Message):
@@ -330,6 +336,16 @@ class StepScore(Message):
     votes: int = 0
     invalid: int = 0
     latency_s: float = 0.0
+    """Seconds the judge took (its slowest vote)."""
+    error: str = ""
+    """Why the judge could not be asked (broker unreachable, engine refused): no score, and not the policy's
+    doing."""
+    queue_s: float = 0.0
+    """Seconds the transition waited in the PRM's queue before judging began."""
+    queue_depth: int = 0
+    """Transitions queued at the PRM when this one was taken."""
+    template: str = ""
+    """The judge prompt's name and version (`guirl-prm-v1@<hash>`)."""
 
 
 class StepSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -347,6 +363,9 @@ class StepSample(msgspec.Struct, frozen=True, kw_only=True):
     image_refs: list[int] = []
     """The step's prompt images as indices into its trajectory's `screens` (each screenshot travels once,
     though it is in up to `history_images + 1` prompts); `images` stays empty then."""
+    prm_status: str = ""
+    """Where `prm_score` came from (set by the learner): `scored`; or why there is none: `invalid` (no valid
+    vote), `error` (the judge could not be asked), `missing` (no score in time), `dropped` (never sent)."""
 
 
 class Trajectory(Message):
@@ -368,6 +387,9 @@ class Trajectory(Message):
     outcome: str = ""
     """How the episode ended (`done`, `fail`, `truncated`, `parse_error`)."""
     attempt: int = 0
+    prm_dropped: list[int] = []
+    """Steps whose transitions the worker could not hand to the PRM (its queue was full): the learner does
+    not wait for their scores."""
 
 
 class LearnerResumed(Message):

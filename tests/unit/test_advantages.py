@@ -13,6 +13,7 @@ from guirl.learner.advantages import (
     grpo_advantages,
     outcome_reward,
     step_wise_advantages,
+    trajectory_advantages,
 )
 
 EPS = 1e-6
@@ -117,7 +118,7 @@ def test_outcome_reward_refuses_an_unscored_episode(score: float | None) -> None
 #            C: outcome -1, prm -1 -> -1.5
 #     mean -1/6; deviations 5/3, -1/3, -4/3; sum sq 25/9 + 1/9 + 16/9 = 14/3;
 #     unbiased var 7/3; std 1.5275252; advantages 1.0910895, -0.2182179, -0.8728716
-#   step 1:  only A is still running (prm -1) -> a bucket of one -> 0
+#   step 1:  only A is still running (prm -1) -> a bucket of one keeps its score: 1 + 0.5 * -1 = 0.5
 # With the seed's defect (coefficient ignored, i.e. 1.0): scores 2, 0, -2 -> advantages 1, 0, -1.
 STEP_PRM = [1.0, 1.0, -1.0, -1.0]
 STEP_OUTCOME = [1.0, -1.0, -1.0, 1.0]
@@ -128,21 +129,24 @@ STEP_INDEX = [0, 0, 0, 1]
 def test_step_wise_applies_the_prm_coefficient() -> None:
     out = step_wise_advantages(STEP_PRM, STEP_OUTCOME, STEP_GROUP, STEP_INDEX, prm_coef=0.5)
     std = math.sqrt(7 / 3)
-    expected = [(5 / 3) / (std + EPS), (-1 / 3) / (std + EPS), (-4 / 3) / (std + EPS), 0.0]
+    expected = [(5 / 3) / (std + EPS), (-1 / 3) / (std + EPS), (-4 / 3) / (std + EPS), 0.5]
     assert out.advantages.tolist() == pytest.approx(expected, abs=1e-6)
-    assert out.advantages.tolist() == pytest.approx([1.0910895, -0.2182179, -0.8728716, 0.0], abs=1e-6)
+    assert out.advantages.tolist() == pytest.approx([1.0910895, -0.2182179, -0.8728716, 0.5], abs=1e-6)
     # The seed's advantages, which ignored the coefficient, would be (1, 0, -1) here.
     assert out.advantages[1].item() != pytest.approx(0.0, abs=1e-3)
-    assert (out.groups, out.degenerate_groups) == (2, 1)
+    # two buckets, neither degenerate (a bucket of one is a signal, not a tie)
+    assert (out.groups, out.degenerate_groups) == (2, 0)
+    assert out.informative.tolist() == [True, True, True, True]
 
 
 def test_step_wise_coefficient_one_and_zero() -> None:
     one = step_wise_advantages(STEP_PRM, STEP_OUTCOME, STEP_GROUP, STEP_INDEX, prm_coef=1.0)
     # scores 2, 0, -2: mean 0, unbiased std sqrt(8/2) = 2
     assert one.advantages.tolist() == pytest.approx([2 / (2 + EPS), 0.0, -2 / (2 + EPS), 0.0], abs=1e-6)
+    # (the lone step-1 score is 1 + 1.0 * -1 = 0 here, kept as it is)
     zero = step_wise_advantages(STEP_PRM, STEP_OUTCOME, STEP_GROUP, STEP_INDEX, prm_coef=0.0)
     # outcome only: 1, -1, -1 -> group a of the GRPO example
-    assert zero.advantages.tolist() == pytest.approx([1.1547005, -0.5773503, -0.5773503, 0.0], abs=1e-6)
+    assert zero.advantages.tolist() == pytest.approx([1.1547005, -0.5773503, -0.5773503, 1.0], abs=1e-6)
 
 
 def test_step_wise_buckets_by_group_and_step() -> None:
@@ -153,6 +157,66 @@ def test_step_wise_buckets_by_group_and_step() -> None:
     s = 1 / (math.sqrt(2) + EPS)
     assert out.advantages.tolist() == pytest.approx([s, -s, 0.0, 0.0], abs=1e-6)
     assert (out.groups, out.degenerate_groups) == (2, 1)
+
+
+def test_step_wise_constant_bucket_is_zero_and_counted() -> None:
+    # bucket (g, 0): two equal scores 1 + 1 = 2 -> exactly 0, degenerate; bucket (g, 1): one score -> kept
+    out = step_wise_advantages([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], ["g", "g", "g"], [0, 0, 1])
+    assert out.advantages.tolist() == [0.0, 0.0, 2.0]
+    assert out.informative.tolist() == [False, False, True]
+    assert (out.groups, out.degenerate_groups) == (2, 1)
+
+
+# --- trajectory_advantages ---------------------------------------------------------------------------
+
+# Group g: episode A (reward +1, steps 0 and 1, PRM +1 then -1), episode B (reward -1, one step 0, PRM
+# missing), episode C (reward -1, steps 0 and 1, PRM -1 and +1); prm_coef 1.
+#   GRPO outcome advantages (rewards 1, -1, -1): mean -1/3, unbiased std sqrt(4/3) = 1.1547005:
+#     A 1.1547005, B -0.5773503, C -0.5773503
+#   bucket (g, 0), scored steps A (1 + 1 = 2) and C (-1 - 1 = -2): mean 0, std sqrt(8) = 2.8284271
+#     -> A +0.7071068, C -0.7071068; B's step 0 has no score -> B's outcome advantage -0.5773503
+#   bucket (g, 1): A (1 - 1 = 0), C (-1 + 1 = 0): equal -> 0, 0 (degenerate)
+TRAJ_REWARDS = [1.0, -1.0, -1.0]
+TRAJ_GROUPS = ["g", "g", "g"]
+TRAJ_PRM = [[1.0, -1.0], [None], [-1.0, 1.0]]
+TRAJ_STEPS = [[0, 1], [0], [0, 1]]
+
+
+def test_trajectory_advantages_step_wise_by_hand() -> None:
+    out = trajectory_advantages(
+        TRAJ_REWARDS, TRAJ_GROUPS, TRAJ_PRM, TRAJ_STEPS, estimator="step_wise", prm_coef=1.0
+    )
+    s8 = 2 / (math.sqrt(8) + EPS)
+    assert out.advantages[0] == pytest.approx([s8, 0.0], abs=1e-6)
+    assert out.advantages[1] == pytest.approx([-0.5773503], abs=1e-6)
+    assert out.advantages[2] == pytest.approx([-s8, 0.0], abs=1e-6)
+    assert out.informative == [[True, False], [True], [True, False]]
+    assert (out.buckets, out.degenerate, out.outcome_only_steps) == (2, 1, 1)
+
+
+def test_trajectory_advantages_grpo_gives_every_step_its_episode_advantage() -> None:
+    out = trajectory_advantages(TRAJ_REWARDS, TRAJ_GROUPS, TRAJ_PRM, TRAJ_STEPS, estimator="grpo")
+    assert out.advantages == [
+        pytest.approx([1.1547005] * 2, abs=1e-6),
+        pytest.approx([-0.5773503], abs=1e-6),
+        pytest.approx([-0.5773503] * 2, abs=1e-6),
+    ]
+    assert (out.buckets, out.degenerate) == (1, 0)
+
+
+def test_trajectory_advantages_without_any_score_fall_back_to_outcomes() -> None:
+    out = trajectory_advantages([1.0, -1.0], ["g", "g"], [[None], [None]], [[0], [0]], estimator="step_wise")
+    assert out.advantages == [pytest.approx([0.7071068], abs=1e-6), pytest.approx([-0.7071068], abs=1e-6)]
+    assert out.outcome_only_steps == 2
+
+
+def test_trajectory_advantages_refuses_bad_input() -> None:
+    with pytest.raises(ValueError, match="aligned"):
+        trajectory_advantages([1.0], ["g", "h"], [[1.0]], [[0]], estimator="step_wise")
+    with pytest.raises(ValueError, match="one PRM score"):
+        trajectory_advantages([1.0], ["g"], [[1.0, 1.0]], [[0]], estimator="step_wise")
+    with pytest.raises(ValueError, match="estimator"):
+        trajectory_advantages([1.0], ["g"], [[1.0]], [[0]], estimator="ppo")
 
 
 def test_step_wise_refuses_misaligned_lists() -> None:
