@@ -161,3 +161,136 @@ def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
         assert step.policy_version == -1 and not step.images
     # each screenshot travels once, however many prompts it is in
     assert len(traj.screens) == len({bytes(s.data.data) for s in traj.screens})
+
+
+class _TokenScripted(ScriptedEngine):
+    """The scripted policy with token ids attached (made-up ones: the worker only carries them), so that a
+    multi-step episode can run in train mode and stream its steps to the PRM."""
+
+    supports_tokens = True
+
+    async def generate(self, batch):
+        results = await super().generate(batch)
+        for r in results:
+            r.prompt_ids, r.response_ids, r.logprobs = [1, 2, 3], [4, 5], [-0.5, -0.7]
+        return results
+
+
+def _prm_episode(tmp_path, prm_handler, **worker_options):
+    """One 3-step train episode (click, click, done) on a local VM; the PRM's mailbox is `prm_handler`.
+    Returns (the trajectory the learner got, the episode's folder)."""
+    from guirl.actors.base import Actor, Request
+    from guirl.messages import LearnerChannel, PRMChannel
+    from guirl.messages.types import Ack, Trajectory
+
+    cfg = fast_config()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    lines = [{"type": "click", "x": 100, "y": 100}, {"type": "click", "x": 200, "y": 150}, {"type": "done"}]
+    (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    received: list[Trajectory] = []
+
+    class Learner(Actor):
+        channel = LearnerChannel
+
+        async def handle(self, req: Request):
+            if isinstance(req.msg, Trajectory):
+                received.append(req.msg)
+                return Ack()
+            return await super().handle(req)
+
+    class PRM(Actor):
+        channel = PRMChannel
+
+        async def handle(self, req: Request):
+            return prm_handler(req.msg)
+
+    async def scenario():
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            mode="train",
+            n_samples=1,
+            max_groups=1,
+            max_steps=5,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[_TokenScripted("s0", str(scripts), screen=(640, 480))],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        learner = Learner("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        prm = PRM("prm", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        actors = (coord, broker, learner, prm)
+        tasks = [await a.start() for a in actors]
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            learner=learner.endpoints[0],
+            prm=prm.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 320 * 240},
+            runtime=cfg.runtime,
+            **worker_options,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(coord.all_done.wait(), 60)
+            await asyncio.wait_for(worker_task, 30)
+        finally:
+            for actor, task in zip(actors, tasks, strict=True):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+
+    run(scenario(), timeout=120)
+    (traj,) = received
+    (folder,) = (tmp_path / "run" / "episodes" / "t-infeasible").iterdir()
+    return traj, folder
+
+
+def test_every_train_step_streams_to_the_prm_with_its_screens(tmp_path):
+    """Each step goes to the PRM with the screen the policy saw and the screen its action led to (the
+    final screen after the last, terminal, step), the earlier action lines, and the earlier screens asked
+    for; the trajectory reaches the learner as usual."""
+    from guirl.messages.types import Ack, Transition
+
+    got: list[Transition] = []
+
+    def prm(msg):
+        got.append(msg)
+        return Ack(note="queued")
+
+    traj, folder = _prm_episode(tmp_path, prm, prm_history_images=1)
+    assert [t.step for t in got] == [0, 1, 2] and [s.step for s in traj.steps] == [0, 1, 2]
+    assert traj.prm_dropped == []
+    shots = [(folder / f"step_{i:03d}.png").read_bytes() for i in range(3)] + [
+        (folder / "final.png").read_bytes()
+    ]
+    for t in got:
+        assert bytes(t.before.data) == shots[t.step] and bytes(t.after.data) == shots[t.step + 1]
+        assert len(t.previous_actions) == t.step and t.instruction == "Do the impossible."
+        assert [bytes(h.data) for h in t.history] == shots[max(0, t.step - 1) : t.step]
+        assert (t.task_id, t.group_id) == ("t-infeasible", "t-infeasible@0")
+    assert got[1].previous_actions == ["Click at (100, 100)"] and "terminate" in got[2].response
+
+
+def test_a_prm_that_refuses_everything_stalls_no_episode(tmp_path):
+    """The PRM answers `overloaded` to everything: the worker keeps the first transition (retrying it) and,
+    past its bound of one, marks the other steps unjudged; the episode is played and delivered as ever."""
+    from guirl.messages.types import ErrorReply
+
+    calls = []
+
+    def prm(msg):
+        calls.append(msg.step)
+        return ErrorReply(code="overloaded", message="full", retryable=True)
+
+    traj, _ = _prm_episode(tmp_path, prm, prm_queue=1)
+    assert [s.step for s in traj.steps] == [0, 1, 2] and traj.prm_dropped == [1, 2]
+    assert calls and set(calls) == {0}  # only the kept one was offered, again and again
