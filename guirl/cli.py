@@ -9,6 +9,7 @@
     guirl tasks check PATH...   validate task files; per domain, how many guirl fully supports
     guirl vm shot|run ...       a local VM: a screenshot, or a task set up, acted on and evaluated
     guirl model tiny OUTDIR     write a tiny random Qwen3-VL checkpoint (tests, demos; built offline)
+    guirl prm score RUN_DIR     judge every step of a finished run's episodes (study a judge, no training)
     guirl version
 
 Configuration: `--config FILE.toml`, then the seed's environment variables, then `--set key=value`.
@@ -202,6 +203,30 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_prm_score(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import uvloop
+
+    from guirl.log import setup_logging
+    from guirl.prm.offline import score_run
+
+    if args.limit < 0:
+        raise SystemExit("guirl prm score: --limit must be >= 0")
+    cfg = _load(args)  # the judge under study: this config, never the run's own
+    setup_logging("prm-score", level=cfg.logging.level, fmt=cfg.logging.format)
+    summary = uvloop.run(
+        score_run(cfg, Path(args.run_dir), limit=args.limit, overwrite=args.overwrite, out_name=args.out)
+    )
+    if not summary["steps_judged"]:
+        print("guirl prm score: no step could be judged; see the warnings above", file=sys.stderr)
+        return 1
+    if summary["judge_errors"] == summary["steps_judged"]:
+        print("guirl prm score: the judge could not be asked for any step; see the log", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from guirl.msglog.cli import add_arguments as replay_arguments
 
@@ -275,6 +300,27 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--hidden", type=int, default=128, help="text hidden size")
     mt.add_argument("--layers", type=int, default=2, help="text decoder layers")
     mt.set_defaults(func=cmd_model_tiny)
+    p = sub.add_parser("prm", help="the process reward model's judge")
+    psub = p.add_subparsers(dest="prm_cmd", required=True)
+    ps = psub.add_parser(
+        "score",
+        help="judge every step of a finished run's episodes; per-step scores beside them, and a summary",
+        description="The judge is this command's configuration ([prm], model.prm_model_path or "
+        "PRM_MODEL_PATH), not the run's.",
+    )
+    ps.add_argument("run_dir", metavar="RUN_DIR", help="directory of an eval or train run")
+    _config_args(ps)
+    ps.add_argument("--limit", type=int, default=0, help="only the first N episodes (sorted; 0 = all)")
+    ps.add_argument(
+        "--overwrite", action="store_true", help="replace the per-step files of an earlier scoring"
+    )
+    ps.add_argument(
+        "--out",
+        default="prm_offline.jsonl",
+        metavar="NAME",
+        help="per-step file written in each episode folder (default prm_offline.jsonl)",
+    )
+    ps.set_defaults(func=cmd_prm_score)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
     return parser
