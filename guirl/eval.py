@@ -161,8 +161,8 @@ def cpu_set(cpus: list[int], setting: str) -> list[int]:
 def resolve_prm_checkpoint(cfg: GuirlConfig) -> str:
     """The PRM judge's checkpoint (`model.prm_model_path`, `PRM_MODEL_PATH`; "" for the scripted judge)."""
     path, backend = cfg.model.prm_model_path, cfg.prm.backend
-    if backend == "scripted":
-        return ""
+    if backend == "scripted" or (backend == "openai" and cfg.prm.openai.model and not path):
+        return ""  # the scripted judge needs no model; an OpenAI-compatible one is named by prm.openai.model
     if backend == "hf" and path == TINY:
         from guirl.model.tiny import ensure_tiny_checkpoint
 

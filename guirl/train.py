@@ -280,6 +280,18 @@ async def _train(
     r = cfg.rollout
     started = time.monotonic()
     mode = "sync" if t.sync else f"decoupled, max staleness {t.max_staleness}"
+    if cfg.prm.enabled and t.advantage != "step_wise":
+        print(
+            '[train] note: the PRM judges every step, but train.advantage = "grpo" does not use its scores '
+            "(they are only recorded in each episode's prm.jsonl)",
+            file=out,
+        )
+    if cfg.prm.enabled and cfg.prm.score_timeout_s >= t.group_timeout_s:
+        print(
+            f"[train] note: prm.score_timeout_s ({cfg.prm.score_timeout_s:g} s) is not below "
+            f"train.group_timeout_s ({t.group_timeout_s:g} s): a group waits for its members' scores first",
+            file=out,
+        )
     print(
         f"[train] {len(tasks)} tasks from {t.tasks} · {r.batch_size} groups x {r.n_samples_per_prompt} "
         f"samples per update · {t.updates} updates ({mode}) · run directory {run_dir}",

@@ -170,7 +170,7 @@ class EnvWorker(Actor):
         self.prm_ep = prm
         self.prm_history_images = prm_history_images
         self.prm_queue = prm_queue
-        self.outbox: collections.deque[Transition] = collections.deque()  # transitions for the PRM
+        self.outbox: collections.deque[tuple[_Episode, Transition]] = collections.deque()  # for the PRM
         self._outbox_changed = asyncio.Event()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -250,6 +250,8 @@ class EnvWorker(Actor):
         started = time.monotonic()
         episode = _Episode(ep, self.run_dir / "episodes" / ep.task_id / ep.episode_id)
         episode.dir.mkdir(parents=True, exist_ok=True)
+        # a resumed run may hand out an episode id again: the PRM's verdicts on the old one are not its own
+        (episode.dir / "prm.jsonl").unlink(missing_ok=True)
         env_error = ""
         try:
             await self._run(episode)
@@ -392,7 +394,7 @@ class EnvWorker(Actor):
             episode.prm_dropped.append(step)
             self.counters["prm.dropped_full"] += 1
             return
-        self.outbox.append(t)
+        self.outbox.append((episode, t))
         self._outbox_changed.set()
 
     async def _send_transitions(self) -> None:
@@ -404,11 +406,11 @@ class EnvWorker(Actor):
                 self._outbox_changed.clear()
                 await self._outbox_changed.wait()
                 continue
-            t = self.outbox[0]
+            episode, t = item = self.outbox[0]
             try:
                 await self.prm.request(t, timeout=self.runtime.request_timeout_s)
-            except ActorError as exc:
-                if exc.transient:
+            except (ActorError, ValueError) as exc:  # ValueError: it does not encode (too many frames...)
+                if getattr(exc, "transient", False):
                     self.counters["prm.retries"] += 1
                     if delays is None:
                         delays = backoff_delays(
@@ -416,13 +418,15 @@ class EnvWorker(Actor):
                         )
                     await asyncio.sleep(next(delays))
                     continue
-                # refused for good (a schema mismatch, a transition too large): counted, never retried
+                # refused for good (a schema mismatch, a transition too large): counted, never retried, and
+                # the learner is told not to wait for its score (if the trajectory has not left yet)
                 self.counters["prm.refused"] += 1
+                episode.prm_dropped.append(t.step)
                 log.warning("the PRM refused step %d of %s: %s", t.step, t.episode_id, exc)
             else:
                 self.counters["prm.sent"] += 1
             delays = None
-            if self.outbox and self.outbox[0] is t:
+            if self.outbox and self.outbox[0] is item:
                 self.outbox.popleft()
 
     async def _keep_lease(self, lease: Any) -> None:

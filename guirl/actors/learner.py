@@ -31,7 +31,15 @@ from guirl.actors.base import Actor, Request
 from guirl.actors.errors import ActorError, FatalError
 from guirl.config.schema import TrainConfig
 from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
-from guirl.messages.types import Ack, LearnerResumed, Message, StepScore, Trajectory, WeightsPublished
+from guirl.messages.types import (
+    Ack,
+    ErrorReply,
+    LearnerResumed,
+    Message,
+    StepScore,
+    Trajectory,
+    WeightsPublished,
+)
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +227,15 @@ class Learner(Actor):
                 self._arrived.set()
                 return Ack(ok=True, note="accepted" if accepted else "already had it, or not trainable")
             case StepScore() as score:
+                from guirl.prm.scores import valid_score
+
                 self.counters["prm.scores_received"] += 1
                 if self.board is None:
                     return Ack(ok=False, note="this learner does not use PRM scores")
+                problem = valid_score(score)
+                if problem:  # a NaN or out-of-range score must never reach the advantages
+                    self.counters["prm.scores_refused"] += 1
+                    return ErrorReply(code="schema", message=f"step score refused: {problem}")
                 ready = self.board.add_score(score)
                 if ready is not None:
                     self.buffer.add(ready)
@@ -262,10 +276,12 @@ class Learner(Actor):
     async def _collect(self) -> Any:
         """Wait until `batch_size` groups are ready (settling timed-out groups on the way)."""
         while True:
+            hold: set[str] = set()
             if self.board is not None:
                 for traj in self.board.expire():  # waited long enough: unscored steps marked missing
                     self.buffer.add(traj)
-            self.buffer.expire()
+                hold = self.board.waiting_groups()
+            self.buffer.expire(hold)
             batch = self.buffer.take(self.batch_size, self.version)
             if batch is not None:
                 return batch
@@ -283,14 +299,19 @@ class Learner(Actor):
         trajs = batch.trajectories
         self.trained_groups.update(g.group_id for g in batch.groups)
         self.trained_episodes.update(t.episode_id for t in trajs)
-        adv = trajectory_advantages(
-            [t.reward for t in trajs],
-            [t.group_id for t in trajs],
-            [[s.prm_score for s in t.steps] for t in trajs],
-            [[s.step for s in t.steps] for t in trajs],
-            estimator=cfg.advantage,
-            prm_coef=cfg.prm_step_coef,
-        )
+        try:
+            adv = trajectory_advantages(
+                [t.reward for t in trajs],
+                [t.group_id for t in trajs],
+                [[s.prm_score for s in t.steps] for t in trajs],
+                [[s.step for s in t.steps] for t in trajs],
+                estimator=cfg.advantage,
+                prm_coef=cfg.prm_step_coef,
+            )
+        except ValueError as exc:  # a non-finite reward: the batch is dropped and counted, never trained
+            self.counters["updates.bad_batches"] += 1
+            log.warning("batch of %d trajectories dropped: %s", len(trajs), exc)
+            return None
         samples, unusable = [], 0
         for traj, advantages, informative in zip(trajs, adv.advantages, adv.informative, strict=True):
             try:

@@ -28,7 +28,7 @@ from typing import Any
 import msgspec
 
 from guirl.actors.base import Actor, Request
-from guirl.actors.errors import ActorError
+from guirl.actors.errors import ActorError, RequestTimeout
 from guirl.actors.retry import retry_idempotent
 from guirl.config.schema import PRMConfig
 from guirl.messages import LearnerChannel, PolicyChannel, PRMChannel
@@ -113,6 +113,7 @@ class PRMActor(Actor):
 
     async def main(self) -> None:
         async with asyncio.TaskGroup() as tg:
+            self._tg = tg  # scores are delivered on tasks of their own: a learner away never stalls judging
             for i in range(self.cfg.max_concurrency):
                 tg.create_task(self._judging_loop(), name=f"judge{i}")
 
@@ -124,19 +125,24 @@ class PRMActor(Actor):
                 continue
             t, enqueued, nbytes = self.queue.popleft()
             self.queued_bytes -= nbytes
-            depth = len(self.queue)
+            waited = time.monotonic() - enqueued
+            if waited > self.cfg.score_timeout_s:
+                # the learner stopped waiting for it long ago: judging it would only make a late score,
+                # and the judge's time goes to steps that can still count
+                self.counters["transitions.expired"] += 1
+                continue
             self.judging += 1
             try:
-                verdict = await self.judge.judge(t, queue_s=time.monotonic() - enqueued, queue_depth=depth)
-            except ValueError as exc:  # the transition's images do not decode: the sender's bug, counted
+                verdict = await self.judge.judge(t, queue_s=waited, queue_depth=len(self.queue))
+            except ValueError as exc:  # images that do not decode: the sender's fault, answered at once
                 self.counters["transitions.bad"] += 1
                 log.warning("transition %s step %d cannot be judged: %s", t.episode_id, t.step, exc)
-                continue
+                verdict = self.judge.failed(t, f"bad input: {exc}"[:300])
             finally:
                 self.judging -= 1
             self._count(verdict)
             self._record(t, verdict)
-            await self._deliver(verdict)
+            self._tg.create_task(self._deliver(verdict), name=f"deliver:{t.episode_id}:{t.step}")
 
     async def _ask(self, request: PolicyRequest) -> PolicyResponse:
         """One judge request; an overloaded or restarting broker is retried, one that stays away is an
@@ -148,6 +154,9 @@ class PRMActor(Actor):
                 attempts=JUDGE_ATTEMPTS,
                 initial=rt.reconnect_backoff_initial_s,
                 cap=rt.reconnect_backoff_max_s,
+                # a vote that timed out is not asked again: the engine is slow, not gone, and a second
+                # generation would only load it more
+                is_transient=lambda e: getattr(e, "transient", False) and not isinstance(e, RequestTimeout),
             )
         except ActorError as exc:
             self.counters["votes.error"] += 1

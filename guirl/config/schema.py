@@ -359,8 +359,8 @@ class PRMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Most tokens of one judge answer (it reasons before its boxed score)."""
     template: str = "guirl-prm-v1"
     """The judge prompt: a built-in name, or a TOML file with `system` and `user` (guirl/prm/prompt.py)."""
-    history_images: NonNegInt = 0
-    """Earlier screenshots shown to the judge besides the current and the next one."""
+    history_images: Annotated[int, Meta(ge=0, le=16)] = 0
+    """Earlier screenshots shown to the judge besides the current and the next one (at most 16)."""
     max_pixels: PosInt = 16 * 16 * 4 * 12800
     """Most pixels of one judge image after `smart_resize` (the policy's default bound)."""
     max_concurrency: PosInt = 32
@@ -372,8 +372,9 @@ class PRMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     score_timeout_s: PosFloat = 300.0
     """Seconds the learner waits, after an episode's trajectory arrives, for its steps' scores; steps still
     without one are marked missing (never invented) and train on the outcome alone."""
-    request_timeout_s: PosFloat = 600.0
-    """Seconds one judge request may take."""
+    request_timeout_s: PosFloat = 240.0
+    """Seconds one judge request may take (a vote that times out is an error, not asked again); keep it below
+    `score_timeout_s`, or a slow vote can only make a late score."""
     hf: HFBackendConfig = msgspec.field(default_factory=HFBackendConfig)
     """Transformers backend settings of the judge."""
     openai: OpenAIBackendConfig = msgspec.field(default_factory=OpenAIBackendConfig)

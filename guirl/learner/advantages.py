@@ -154,7 +154,9 @@ def trajectory_advantages(
     `grpo`: every step takes its episode's group z-scored outcome (`grpo_advantages`).
     `step_wise`: the steps with a PRM score take `step_wise_advantages` over their (group, step index)
     buckets; a step without one (the judge missed it, or had no valid vote) is not given an invented
-    score: it takes its episode's GRPO outcome advantage, and is counted.
+    score: it takes its episode's GRPO outcome advantage, and is counted. So does a scored step whose
+    bucket peers all lack a score: it is not a bucket of one (other episodes did reach that step), and its
+    raw score would outweigh every normalised advantage of the batch.
     """
     n = len(rewards)
     if not (len(group_ids) == len(prm_scores) == len(step_indices) == n):
@@ -175,7 +177,13 @@ def trajectory_advantages(
         return StepAdvantages(advantages, informative, grpo.degenerate_groups, grpo.groups)
     if estimator != "step_wise":
         raise ValueError(f"unknown advantage estimator {estimator!r} (grpo or step_wise)")
-    where = [(i, j) for i in range(n) for j, p in enumerate(prm_scores[i]) if p is not None]
+    from collections import Counter
+
+    bucket = [[(group_ids[i], int(t)) for t in step_indices[i]] for i in range(n)]
+    reached = Counter(b for row in bucket for b in row)
+    scored = [(i, j) for i in range(n) for j, p in enumerate(prm_scores[i]) if p is not None]
+    judged = Counter(bucket[i][j] for i, j in scored)
+    where = [(i, j) for i, j in scored if judged[bucket[i][j]] > 1 or reached[bucket[i][j]] == 1]
     if not where:
         return StepAdvantages(advantages, informative, 0, 0, sum(len(t) for t in step_indices))
     out = step_wise_advantages(

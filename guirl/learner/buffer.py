@@ -105,10 +105,15 @@ class TrajectoryBuffer:
             self.counts["groups.complete"] += 1
         return True
 
-    def expire(self) -> list[str]:
-        """Settle the groups that waited longer than the timeout; returns their ids."""
+    def expire(self, hold: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Settle the groups that waited longer than the timeout, except those in `hold` (a member is on its
+        way: waiting for its PRM scores, which have their own timeout); returns their ids."""
         now = self.clock()
-        expired = [g for g in self.pending.values() if now - g.first_seen >= self.group_timeout_s]
+        expired = [
+            g
+            for g in self.pending.values()
+            if now - g.first_seen >= self.group_timeout_s and g.group_id not in hold
+        ]
         for g in expired:
             del self.pending[g.group_id]
             self.settled.add(g.group_id)

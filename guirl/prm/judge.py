@@ -57,6 +57,8 @@ class Judge:
         """The judge prompt of a transition (CPU work: images are resized; run it off the event loop)."""
         history = list(t.history)[-self.cfg.history_images :] if self.cfg.history_images else []
         actions = list(t.previous_actions)
+        if len(history) > len(actions):  # each earlier screen goes with the action taken on it
+            raise ValueError(f"{len(history)} history images for {len(actions)} previous actions")
         shown = actions[len(actions) - len(history) :] if history else []
         return build_judge_prompt(
             self.template,
@@ -68,6 +70,21 @@ class Judge:
             history=[(bytes(img.data), a) for img, a in zip(history, shown, strict=False)],
             max_pixels=self.cfg.max_pixels,
         )
+
+    def failed(self, t: Transition, error: str) -> Verdict:
+        """The verdict on a step that could not be judged at all (no vote; `error` says why)."""
+        score = StepScore(
+            episode_id=t.episode_id, step=t.step, score=None, error=error, template=self.template.version
+        )
+        record = {
+            "step": t.step,
+            "score": None,
+            "votes": 0,
+            "invalid": 0,
+            "errors": [error],
+            "template": self.template.version,
+        }
+        return Verdict(score, record)
 
     async def judge(self, t: Transition, *, queue_s: float = 0.0, queue_depth: int = 0) -> Verdict:
         """m votes on `t`, combined (never raises for a judge that cannot be asked: that is the score's

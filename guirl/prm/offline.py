@@ -79,9 +79,20 @@ def summary_name(out: str) -> str:
 
 
 def check_out_name(out: str) -> str:
-    if not out or "/" in out or "\\" in out or out.startswith(".") or out in RESERVED:
+    """`--out` must be a new kind of file in an episode folder: a plain `*.jsonl` name that is none of the
+    episode's own files, whatever the case (a case-insensitive file system would take `TRAJ.JSONL` for
+    `traj.jsonl`), so no scoring can overwrite a screenshot, a trajectory or the live verdicts."""
+    if (
+        not out
+        or "/" in out
+        or "\\" in out
+        or out.startswith(".")
+        or not out.lower().endswith(".jsonl")
+        or out.lower() in RESERVED
+    ):
         raise InputError(
-            f"--out {out!r}: give a plain file name (not starting with '.', not one of {sorted(RESERVED)})"
+            f"--out {out!r}: give a plain *.jsonl file name (not starting with '.', not one of "
+            f"{sorted(RESERVED)})"
         )
     return out
 
@@ -288,7 +299,11 @@ class _Scorer:
         async with asyncio.TaskGroup() as tg:
             tasks = [tg.create_task(self._step(ep, i)) for i in range(len(ep.steps))]
         lines = [t.result() for t in tasks]
-        await asyncio.to_thread(write_jsonl_atomic, ep.folder / self.out_name, lines)
+        try:
+            await asyncio.to_thread(write_jsonl_atomic, ep.folder / self.out_name, lines)
+        except OSError as exc:  # an unwritable folder costs its episode, not the whole scoring
+            self.tally.skipped.append(f"{ep.folder / self.out_name}: not written: {exc}")
+            return
         self.tally.counts["episodes"] += 1
         for line in lines:
             self.tally.add(line, ep.success)
@@ -367,12 +382,15 @@ async def score_run(
     check_out_name(out_name)
     folders = episode_folders(run_dir)[: limit or None]
     existing = [f / out_name for f in folders if (f / out_name).exists()]
+    if (run_dir / summary_name(out_name)).exists():
+        existing.insert(0, run_dir / summary_name(out_name))
     if existing and not overwrite:
         more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
         raise InputError(
             f"{existing[0]} exists{more}: pass --overwrite to replace, or --out NAME to write elsewhere"
         )
-    if cfg.prm.backend != "scripted" and not cfg.model.prm_model_path:
+    named = cfg.prm.backend == "openai" and cfg.prm.openai.model  # a served judge, named by its endpoint
+    if cfg.prm.backend != "scripted" and not cfg.model.prm_model_path and not named:
         raise InputError(
             "no judge to score with: set PRM_MODEL_PATH (or --set model.prm_model_path=...) to its "
             'checkpoint, "tiny" for the tiny random Qwen3-VL, or --set prm.backend=scripted'

@@ -12,6 +12,7 @@ Pure bookkeeping, no sockets: the learner actor feeds it and polls it.
 from __future__ import annotations
 
 import collections
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -23,6 +24,22 @@ from guirl.messages.types import StepScore, Trajectory
 
 RELEASED_MAX = 100_000
 """Released episodes remembered, to tell a late score from an early one."""
+MAX_STEP = 4096
+"""Step indices beyond this are refused (no episode is that long; a hostile peer must not grow memory)."""
+
+
+def valid_score(s: StepScore) -> str:
+    """Why a score cannot be taken (a peer sent nonsense), or "" when it can: a score is None or a finite
+    mean of votes in [-1, 1]; counts and timings are finite and non-negative."""
+    if s.score is not None and not (math.isfinite(s.score) and -1.0 <= s.score <= 1.0):
+        return f"score {s.score!r} is not a finite number in [-1, 1]"
+    if not 0 <= s.step <= MAX_STEP:
+        return f"step {s.step} is outside 0..{MAX_STEP}"
+    if s.votes < 0 or not 0 <= s.invalid <= max(s.votes, 0):
+        return f"vote counts {s.votes} / {s.invalid} invalid do not add up"
+    if not all(math.isfinite(x) and x >= 0 for x in (s.latency_s, s.queue_s)) or s.queue_depth < 0:
+        return "latency, queue time and queue depth must be finite and non-negative"
+    return ""
 
 
 @dataclass
@@ -90,9 +107,11 @@ class ScoreBoard:
     def add_score(self, s: StepScore) -> Trajectory | None:
         """Take one score; returns the trajectory it completes, if any."""
         if s.episode_id in self.released:
-            self.counts["scores.late"] += 1  # its step was already marked missing
+            self.counts["scores.late"] += 1  # its step was already marked missing (or it is a repeat)
             return None
-        _, steps = self.scores.setdefault(s.episode_id, (self.clock(), {}))
+        _, steps = self.scores.pop(s.episode_id, (0.0, {}))
+        # kept in order of last activity: an episode still being played is never forgotten as an orphan
+        self.scores[s.episode_id] = (self.clock(), steps)
         if s.step in steps:
             self.counts["scores.duplicate"] += 1
             return None
@@ -126,13 +145,18 @@ class ScoreBoard:
         for w in late:
             del self.waiting[w.traj.episode_id]
             self.counts["trajectories.timed_out"] += 1
-        while self.scores:
-            episode, (first, _) = next(iter(self.scores.items()))
-            if now - first < self.orphan_ttl_s or episode in self.waiting:
-                break
-            self.scores.popitem(last=False)
-            self.counts["scores.orphaned"] += 1
-        return [self._release(w.traj) for w in late]
+        released = [self._release(w.traj) for w in late]  # before the sweep: their scores are theirs
+        for episode, (last, _) in list(self.scores.items()):
+            if now - last < self.orphan_ttl_s:
+                break  # ordered by last activity: the rest are younger
+            if episode not in self.waiting:
+                del self.scores[episode]
+                self.counts["scores.orphaned"] += 1
+        return released
+
+    def waiting_groups(self) -> set[str]:
+        """Groups with a member held here: the buffer must not time such a group out meanwhile."""
+        return {w.traj.group_id for w in self.waiting.values()}
 
     def take_stats(self) -> JudgeStats:
         """The judge's statistics since the last call."""

@@ -249,5 +249,6 @@ def test_not_a_run_directory_is_refused(tmp_path):
     (tmp_path / "episodes").mkdir()
     out = _score(tmp_path)
     assert out.returncode == 2 and "holds no episode" in out.stderr
-    out = _score(tmp_path, "--out", "traj.jsonl")
-    assert out.returncode == 2 and "plain file name" in out.stderr
+    for name in ("traj.jsonl", "TRAJ.JSONL", "final.png", "cache", "../x.jsonl"):  # an episode's own files
+        out = _score(tmp_path, "--out", name)
+        assert out.returncode == 2 and "plain *.jsonl file name" in out.stderr

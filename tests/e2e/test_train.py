@@ -156,12 +156,17 @@ def _expected_advantages(lines: list[dict], coef: float) -> dict[tuple[str, int]
         adv = _zscore([episodes[e] for e in ids]) if len(ids) > 1 else [0.0]
         outcome.update(zip(ids, adv, strict=True))
     buckets: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    reached: dict[tuple[str, int], int] = defaultdict(int)
     for x in lines:
+        reached[(x["group_id"], x["step"])] += 1
         if x["prm_score"] is None:  # no score: the episode's outcome advantage, nothing invented
             expected[(x["episode_id"], x["step"])] = outcome[x["episode_id"]]
         else:
             buckets[(x["group_id"], x["step"])].append(x)
-    for members in buckets.values():
+    for key, members in buckets.items():
+        if len(members) == 1 and reached[key] > 1:  # its peers' scores are missing: the outcome alone
+            expected[(members[0]["episode_id"], members[0]["step"])] = outcome[members[0]["episode_id"]]
+            continue
         values = [m["reward"] + coef * m["prm_score"] for m in members]
         adv = values if len(values) == 1 else _zscore(values)  # a bucket of one keeps its score
         for m, a in zip(members, adv, strict=True):

@@ -170,8 +170,11 @@ def test_bad_transitions_are_counted_and_judging_goes_on(tmp_path):
         await conn.request(transition("ep3", 0, before=Image(data=Blob(b"\x89PNG garbage"))))
         await conn.request(transition("../../etc", 0, task_id="../x"))  # judged, but named nowhere on disk
         await conn.request(transition("ep3", 1, response="x" * 100_000 + "{after}<|im_end|>"))
-        scores = await sink.wait_for(2)
-        assert sorted((s.episode_id, s.step) for s in scores) == [("../../etc", 0), ("ep3", 1)]
+        scores = await sink.wait_for(3)
+        assert sorted((s.episode_id, s.step) for s in scores) == [("../../etc", 0), ("ep3", 0), ("ep3", 1)]
+        # the step that cannot be judged is answered at once, as an error (the learner need not wait)
+        bad = next(s for s in scores if (s.episode_id, s.step) == ("ep3", 0))
+        assert bad.score is None and bad.error.startswith("bad input") and "before" in bad.error
         assert prm.counters["transitions.bad"] == 1 and prm.counters["records.unnamed"] == 1
         assert not (tmp_path / "etc").exists() and not (tmp_path.parent / "x").exists()
 

@@ -210,6 +210,14 @@ def test_trajectory_advantages_without_any_score_fall_back_to_outcomes() -> None
     assert out.outcome_only_steps == 2
 
 
+def test_a_scored_step_whose_peers_have_no_score_takes_its_outcome_advantage() -> None:
+    # both episodes reached step 0; only A's was scored: A is not a bucket of one, so it does not keep its
+    # raw score 1 + 1 = 2 -- both take their GRPO outcome advantages (+-0.7071068)
+    out = trajectory_advantages([1.0, -1.0], ["g", "g"], [[1.0], [None]], [[0], [0]], estimator="step_wise")
+    assert out.advantages == [pytest.approx([0.7071068], abs=1e-6), pytest.approx([-0.7071068], abs=1e-6)]
+    assert out.outcome_only_steps == 2 and out.buckets == 0
+
+
 def test_trajectory_advantages_refuses_bad_input() -> None:
     with pytest.raises(ValueError, match="aligned"):
         trajectory_advantages([1.0], ["g", "h"], [[1.0]], [[0]], estimator="step_wise")

@@ -135,3 +135,54 @@ def test_judge_stats_since_last_take() -> None:
     assert m["prm.judge_latency_max_s"] == pytest.approx(4.0)
     assert m["prm.queue_depth_max"] == 5 and m["prm.queue_s_mean"] == pytest.approx(2.0)
     assert board.take_stats().metrics()["prm.judge_latency_max_s"] == 0.0
+
+
+def test_a_long_episode_keeps_its_early_scores() -> None:
+    """Forgetting orphans counts from an episode's last score: one still being played keeps its first."""
+    clock = Clock()
+    board = ScoreBoard(timeout_s=10, orphan_ttl_s=60, clock=clock)
+    for step in range(10):  # a step every 40 s: 400 s in all, far past the orphan limit
+        board.add_score(score("long", step, 1.0))
+        clock.now += 40
+        board.expire()
+    out = board.add_trajectory(traj("long", 10))
+    assert out is not None and all(status == "scored" for _, status in statuses(out))
+
+
+def test_a_timed_out_trajectory_keeps_the_scores_it_has() -> None:
+    clock = Clock()
+    board = ScoreBoard(timeout_s=10, orphan_ttl_s=5, clock=clock)
+    board.add_score(score("e", 0, 1.0))
+    board.add_trajectory(traj("e", 2))
+    clock.now += 20  # past both the wait and the orphan limit: released first, with what it has
+    [out] = board.expire()
+    assert statuses(out) == [(1.0, "scored"), (None, "missing")]
+    assert board.waiting_groups() == set()
+
+
+def test_groups_with_a_waiting_member_are_reported() -> None:
+    board = ScoreBoard(timeout_s=10, clock=Clock())
+    board.add_trajectory(traj("e", 1))
+    assert board.waiting_groups() == {"t@0"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"score": float("nan")},
+        {"score": float("inf")},
+        {"score": 1.5},
+        {"score": -7.0},
+        {"step": -1},
+        {"step": 10**9},
+        {"votes": 1, "invalid": 2},
+        {"latency_s": float("nan")},
+        {"queue_depth": -1},
+    ],
+)
+def test_nonsense_scores_are_refused(bad) -> None:
+    from guirl.prm.scores import valid_score
+
+    fields = {"episode_id": "e", "step": 0, "score": 1.0, "votes": 2, "invalid": 0, **bad}
+    assert valid_score(StepScore(**fields))
+    assert valid_score(StepScore(episode_id="e", step=3, score=-0.5, votes=2, invalid=1)) == ""

@@ -111,3 +111,12 @@ def test_a_retried_sample_that_arrives_after_its_group_filled_is_not_trained_twi
     assert not buf.add(_traj("ep3", "g@0", 0)) and not buf.add(_traj("ep4", "g@0", 1))
     batch = buf.take(1, 0)
     assert [t.episode_id for t in batch.trajectories] == ["ep1", "ep2"] and buf.take(1, 0) is None
+
+
+def test_a_group_with_a_member_held_for_its_scores_is_not_timed_out():
+    clock = [0.0]
+    buf = TrajectoryBuffer(n_samples=2, group_timeout_s=10, clock=lambda: clock[0])
+    buf.add(_traj("e0", "g", 0))
+    clock[0] = 11
+    assert buf.expire(hold={"g"}) == [] and "g" in buf.pending
+    assert buf.expire() == ["g"]
