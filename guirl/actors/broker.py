@@ -233,15 +233,19 @@ class InferenceBroker(Actor):
 
             prm = msgspec.convert(self._judge.get("prm") or {}, PRMConfig)
             judge = make_judge_engines(prm, ckpt=self._judge.get("ckpt", ""))
-            await self._start_model(prm.model_name, judge, max_batch=prm.max_batch)
+            # the PRM has up to max_concurrency x votes judge requests out at once: never refuse those
+            queue = max(self.cfg.max_queue, prm.max_concurrency * prm.votes)
+            await self._start_model(prm.model_name, judge, max_batch=prm.max_batch, max_queue=queue)
         self.policy_version = max(slot.engine.policy_version for slot in self.models[self.model].slots)
 
-    async def _start_model(self, model: str, engines: list[Engine], max_batch: int | None = None) -> None:
+    async def _start_model(
+        self, model: str, engines: list[Engine], max_batch: int | None = None, max_queue: int | None = None
+    ) -> None:
         if not engines:
             raise FatalError(f"the broker has no engines for {model!r}")
         if model in self.models:
             raise FatalError(f"two sets of engines for model name {model!r}")
-        queue = _ModelQueue(model, engines, max_batch or self.cfg.max_batch, self.cfg.max_queue)
+        queue = _ModelQueue(model, engines, max_batch or self.cfg.max_batch, max_queue or self.cfg.max_queue)
         results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
         for slot, res in zip(queue.slots, results, strict=True):
             if isinstance(res, BaseException):
