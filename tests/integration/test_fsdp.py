@@ -184,6 +184,9 @@ def worker(ckpt: Path, out_dir: Path) -> None:
             assert state == {}
     if info.rank == 0:
         (out_dir / "results.json").write_text(json.dumps({"world": info.world, "cases": results}))
+    # every rank leaves together: a rank that tears gloo down while its peer still holds the connection
+    # can abort at exit ("terminate called without an active exception", seen once under load)
+    dist.barrier()
     dist.destroy_process_group()
 
 
