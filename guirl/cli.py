@@ -10,6 +10,8 @@
     guirl vm shot|run ...       a local VM: a screenshot, or a task set up, acted on and evaluated
     guirl model tiny OUTDIR     write a tiny random Qwen3-VL checkpoint (tests, demos; built offline)
     guirl prm score RUN_DIR     judge every step of a finished run's episodes (study a judge, no training)
+    guirl data synth|check ...  GUI grounding rows: synthesize (PIL screens), or check a .jsonl/.parquet file
+    guirl sft --config FILE     supervised fine-tuning on grounding rows (GUI-R1 answers), the learner's code
     guirl version
 
 Configuration: `--config FILE.toml`, then the seed's environment variables, then `--set key=value`.
@@ -144,6 +146,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0 if summary["updates"] else 1
 
 
+def cmd_sft(args: argparse.Namespace) -> int:
+    from guirl.log import setup_logging
+    from guirl.sft import run_sft
+
+    for flag, path in {"data": "sft.data", "epochs": "sft.epochs", "ckpt": "model.hf_ckpt"}.items():
+        value = getattr(args, flag)
+        if value is not None:
+            args.set.append(f"{path}={value}")
+    cfg = _load(args)
+    setup_logging("sft", level=cfg.logging.level, fmt=cfg.logging.format)
+    summary = run_sft(cfg)
+    return 0 if summary["steps"] else 1
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from guirl.config import describe, to_toml
 
@@ -253,6 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser("data", help="single-step grounding data: synthetic rows, checking a dataset file")
+    from guirl.data.cli import add_arguments as data_arguments
+
+    data_arguments(p)
+    p.set_defaults(func=lambda a: __import__("guirl.data.cli", fromlist=["main"]).main(a))
+    p = sub.add_parser("sft", help="supervised fine-tuning on grounding rows (GUI-R1 answers)")
+    _config_args(p)
+    p.add_argument("--data", help="rows to train on (.jsonl or .parquet)")
+    p.add_argument("--epochs", type=int, help="passes over the rows")
+    p.add_argument("--ckpt", help="checkpoint to start from (HF_CKPT), or 'tiny'")
+    p.set_defaults(func=cmd_sft)
     p = sub.add_parser("demo", help="run the transport demo")
     _config_args(p)
     p.set_defaults(func=cmd_demo)

@@ -199,12 +199,19 @@ def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str |
     )
 
 
-def worker_spec(cfg: GuirlConfig, index: int, run_dir: Path, **options: Any) -> ActorSpec:
+def worker_spec(
+    cfg: GuirlConfig, index: int, run_dir: Path, *, dataset: bool = False, **options: Any
+) -> ActorSpec:
     """Env worker `index` of a run (eval and train modes alike): the agent, environment and timeouts of
-    `cfg`, pinned to `cluster.rollout_cpus`, plus the mode's own `options` (endpoints, VMs...)."""
+    `cfg`, pinned to `cluster.rollout_cpus`, plus the mode's own `options` (endpoints, VMs...). With
+    `dataset`, a dataset worker (GUI-R1 mode: episodes are grounding rows of `[data]`, not desktops)."""
+    if dataset:
+        options["data"] = msgspec.to_builtins(cfg.data)
     return ActorSpec(
         name=f"worker{index}",
-        target="guirl.actors.env_worker:EnvWorker",
+        target="guirl.actors.dataset_worker:DatasetWorker"
+        if dataset
+        else "guirl.actors.env_worker:EnvWorker",
         run_dir=str(run_dir),
         cpus=cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus"),
         options={
@@ -228,16 +235,23 @@ async def _start_or_explain(sup: Supervisor, spec: ActorSpec) -> Any:
 async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
     """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary."""
     e = cfg.eval
-    if cfg.env.provider != "local":
+    dataset = bool(cfg.data.eval)  # GUI-R1 mode: held-out grounding rows instead of desktop tasks
+    if cfg.env.provider != "local" and not dataset:
         raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
     if cfg.inference.backend == "sglang":
         raise InputError('inference.backend="sglang" is not built yet: use "hf" or "openai"')
-    tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+    if dataset:
+        from guirl.actors.dataset_worker import dataset_tasks
+
+        tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit or e.limit)
+    else:
+        tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
     ckpt = resolve_checkpoint(cfg)
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
     started = time.monotonic()
-    print(f"[eval] {len(tasks)} tasks from {e.tasks} · run directory {run_dir}", file=out)
+    source = cfg.data.eval if dataset else e.tasks
+    print(f"[eval] {len(tasks)} tasks from {source} · run directory {run_dir}", file=out)
     coord = Coordinator(
         "coordinator",
         tasks=tasks,
@@ -268,6 +282,7 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
                             vms=vms[i],
                             prewarm=min(vms[i], prewarm[i]),
                             fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1,
+                            dataset=dataset,
                         )
                         tg.create_task(sup.start(spec))
             except* Exception as group:  # say which worker and why, not a traceback of the task group
@@ -288,7 +303,7 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     summary = {
         "run_dir": str(run_dir),
         "mode": "eval",
-        "tasks_file": e.tasks,
+        "tasks_file": source,
         "backend": cfg.inference.backend,
         "checkpoint": ckpt,
         "seconds": round(elapsed, 2),
@@ -302,6 +317,11 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
         "outcomes": dict(Counter(r.outcome for r in results if r.status == "completed")),
         "results": [dataclasses.asdict(r) for r in results],
     }
+    if dataset:
+        from guirl.data.metrics import grounding_metrics, grounding_table
+
+        summary["grounding"] = grounding_metrics(run_dir)
+        table = grounding_table(summary["grounding"])
     write_json_atomic(run_dir / "summary.json", summary)
     print(table, file=out)
     outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary["outcomes"].items())) or "none"

@@ -235,12 +235,23 @@ async def run_train(
     if t.sync:
         cfg = msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, max_staleness=0))
         t = cfg.train
-    tasks = load_suite(t.tasks)
-    eval_tasks = (
-        load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
-        if t.eval_every
-        else []
-    )
+    dataset = bool(cfg.data.train)  # GUI-R1 mode: grounding rows and a rule reward instead of desktops
+    if dataset:
+        from guirl.actors.dataset_worker import dataset_tasks
+
+        if t.advantage == "step_wise":
+            raise InputError('train.advantage = "step_wise" is for desktop episodes; GUI-R1 mode is "grpo"')
+        tasks = dataset_tasks(cfg.data.train, "train", cfg.data.limit)
+        if t.eval_every and not cfg.data.eval:
+            raise InputError("train.eval_every in GUI-R1 mode needs data.eval (held-out rows)")
+        eval_tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit) if t.eval_every else []
+    else:
+        tasks = load_suite(t.tasks)
+        eval_tasks = (
+            load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+            if t.eval_every
+            else []
+        )
     ckpt = resolve_checkpoint(cfg)
     judge_ckpt = resolve_prm_checkpoint(cfg) if cfg.prm.enabled else None
     resume_from = None
@@ -279,6 +290,7 @@ async def _train(
     t, e = cfg.train, cfg.eval
     r = cfg.rollout
     started = time.monotonic()
+    dataset = bool(cfg.data.train)
     mode = "sync" if t.sync else f"decoupled, max staleness {t.max_staleness}"
     if cfg.prm.enabled and t.advantage != "step_wise":
         print(
@@ -293,7 +305,8 @@ async def _train(
             file=out,
         )
     print(
-        f"[train] {len(tasks)} tasks from {t.tasks} · {r.batch_size} groups x {r.n_samples_per_prompt} "
+        f"[train] {len(tasks)} tasks from {cfg.data.train or t.tasks} · {r.batch_size} groups x "
+        f"{r.n_samples_per_prompt} "
         f"samples per update · {t.updates} updates ({mode}) · run directory {run_dir}",
         file=out,
     )
@@ -366,6 +379,7 @@ async def _train(
                     broker=broker.endpoints[0],
                     learner=learner.endpoints[0],
                     vms=vms[i],
+                    dataset=dataset,
                     **(
                         {
                             "prm": prm.endpoints[0],

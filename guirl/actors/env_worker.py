@@ -87,6 +87,8 @@ class _Episode:
     screens: list[Image] = field(default_factory=list)
     screen_index: dict[bytes, int] = field(default_factory=dict)  # sha256 of a prompt image -> screens
     prm_dropped: list[int] = field(default_factory=list)  # steps the PRM will never see
+    reward: float | None = None  # a rule reward (GUI-R1 mode) instead of the outcome reward of `score`
+    reward_parts: dict[str, float] = field(default_factory=dict)
 
     def add_sample(self, step: int, prompt: Any, response: PolicyResponse, action_line: str) -> None:
         """Keep a step as a training sample: the engine's exact tokens, each prompt image once."""
@@ -286,6 +288,8 @@ class EnvWorker(Actor):
             "seconds": seconds,
             "worker": self.name,
         }
+        if episode.reward is not None:
+            result.update(reward=episode.reward, reward_parts=episode.reward_parts)
         write_json_atomic(episode.dir / "result.json", result)
         return EpisodeEnded(
             episode_id=ep.episode_id,
@@ -347,7 +351,7 @@ class EnvWorker(Actor):
             group_id=ep.group_id,
             sample_index=ep.sample_index,
             status="completed",
-            reward=outcome_reward(episode.score),
+            reward=episode.reward if episode.reward is not None else outcome_reward(episode.score),
             steps=episode.samples,
             domain=ep.domain,
             screens=episode.screens,
@@ -355,6 +359,7 @@ class EnvWorker(Actor):
             outcome=episode.outcome,
             attempt=ep.attempt,
             prm_dropped=episode.prm_dropped,
+            reward_parts=episode.reward_parts,
         )
         rt = self.runtime
         await retry_idempotent(

@@ -361,6 +361,7 @@ class Learner(Actor):
             "version_lag_mean": round(sum(self.version - max(v, 0) for v in versions) / len(versions), 3),
             "version_lag_max": max(self.version - max(v, 0) for v in versions),
         }
+        metrics.update(reward_part_means(trajs))
         if cfg.advantage == "step_wise":
             metrics.update(buckets=adv.buckets, outcome_only_steps=adv.outcome_only_steps)
             metrics.update(prm_metrics(trajs))
@@ -516,6 +517,16 @@ class Learner(Actor):
     def _log_metrics(self, metrics: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"time": round(time.time(), 3), **metrics}) + "\n")
+
+
+def reward_part_means(trajs: list[Trajectory]) -> dict[str, float]:
+    """`reward.<part>`: the mean of each rule-reward component over the trajectories that have it (GUI-R1
+    mode: format, type, point, text, accuracy)."""
+    sums: dict[str, list[float]] = {}
+    for t in trajs:
+        for k, v in t.reward_parts.items():
+            sums.setdefault(k, []).append(float(v))
+    return {f"reward.{k}": round(sum(v) / len(v), 4) for k, v in sorted(sums.items())}
 
 
 def prm_metrics(trajs: list[Trajectory]) -> dict[str, float | int]:

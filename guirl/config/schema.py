@@ -383,6 +383,46 @@ class PRMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Scripted judge settings."""
 
 
+class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """GUI-R1 mode: single-step grounding rows instead of desktops, scored by a rule reward."""
+
+    train: str = ""
+    """Rows to train on (`.jsonl` or `.parquet`, GUI-R1's row format); set, `guirl train` runs GUI-R1 mode."""
+    eval: str = ""
+    """Held-out rows to evaluate on; set, `guirl eval` (and `train.eval_every`) scores the policy on them."""
+    limit: NonNegInt = 0
+    """Use only the first N rows of each file (0 = all)."""
+    task_type: Literal["row", "high", "low"] = "row"
+    """Action space the prompt offers: each row's own (`task_type` column), or all rows `high` / `low`."""
+    format_weight: Annotated[float, Meta(ge=0)] = 0.2
+    """Weight of the format reward (GUI-R1's public code: 0.2)."""
+    accuracy_weight: Annotated[float, Meta(ge=0)] = 0.8
+    """Weight of the accuracy reward (GUI-R1's public code: 0.8)."""
+    point_radius_px: PosFloat = 140.0
+    """A click within this many pixels (of the image shown) of a ground-truth point counts as correct."""
+    text_f1: Annotated[float, Meta(ge=0, le=1)] = 0.5
+    """Token F1 a text action's text needs against the ground truth to count as correct."""
+
+
+class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Supervised fine-tuning (`guirl sft`) on grounding rows with their ground-truth answers."""
+
+    data: str = ""
+    """Rows to train on (`.jsonl` or `.parquet`); a row's target is GUI-R1's answer for its ground truth."""
+    epochs: PosInt = 1
+    """Passes over the rows."""
+    batch_size: PosInt = 16
+    """Rows per optimizer step."""
+    lr: PosFloat = 1e-5
+    """AdamW learning rate."""
+    limit: NonNegInt = 0
+    """Use only the first N rows (0 = all)."""
+    think: str = ""
+    """Text of the `<think>` part of each target answer (empty: `<think></think>`)."""
+    ranks: PosInt = 1
+    """Data-parallel processes (FSDP2), as the learner's `train.ranks`."""
+
+
 class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Evaluation-only mode (`guirl eval`)."""
 
@@ -512,6 +552,10 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """RL mode."""
     prm: PRMConfig = msgspec.field(default_factory=PRMConfig)
     """Process reward model (PRM+RL mode)."""
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    """Grounding rows (GUI-R1 mode)."""
+    sft: SFTConfig = msgspec.field(default_factory=SFTConfig)
+    """Supervised fine-tuning."""
 
 
 # The seed scripts' environment variables, by name -> dotted config path.

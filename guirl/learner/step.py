@@ -204,6 +204,7 @@ _TOKEN_METRICS = (
     "tis_clipped_frac",
     "behaviour_abs_diff",
     "kl_ref",
+    "nll",
 )
 """Metrics averaged over response tokens (each micro-batch weighted by its token count)."""
 
@@ -263,6 +264,7 @@ def _micro_step(
         "tis_clipped_frac": out.tis_clipped_frac,
         "behaviour_abs_diff": masked_mean((old - batch.behaviour_logprobs).abs(), mask),
         "kl_ref": kl_mean,
+        "nll": masked_mean(-old, mask),  # of the responses under the weights before the step (SFT's loss)
     }
     return float(loss.detach()), {k: float(v) * n for k, v in means.items()}
 

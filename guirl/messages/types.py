@@ -390,6 +390,9 @@ class Trajectory(Message):
     prm_dropped: list[int] = []
     """Steps whose transitions the worker could not hand to the PRM (its queue was full): the learner does
     not wait for their scores."""
+    reward_parts: dict[str, float] = {}
+    """The components of a rule reward (GUI-R1 mode: `format`, `type`, `point`, `text`, `accuracy`), for
+    metrics; `reward` is their weighted total."""
 
 
 class LearnerResumed(Message):

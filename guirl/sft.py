@@ -1,0 +1,164 @@
+"""`guirl sft`: supervised fine-tuning on grounding rows, with the learner's own code.
+
+Each row becomes one training sample: the GUI-R1 prompt the dataset worker would send (the row's image
+resized as the policy sees it, the instruction, history and action space; `guirl/data/prompt.py`) rendered
+to token ids by the model's own chat template, and the answer GUI-R1 expects for the row's ground truth
+(`<think>…</think> <answer>[{'action': …, 'point': [x, y], 'input_text': …}]</answer>`, the point the box
+centre in pixels of the image shown) plus the end-of-turn token. The update is the learner's `train_step`
+with advantage 1 on every token, one optimizer step per batch and no importance correction: at the weights
+the step starts from the policy ratio is 1, so the policy-gradient loss's gradient is exactly that of the
+token-mean negative log-likelihood (reported as `nll`). Same `Trainer` (FSDP2 over `sft.ranks` processes),
+same checkpoint format: `<run dir>/final/model/` is a Hugging Face checkpoint that `model.hf_ckpt` (or
+`--ckpt`) takes for RL.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import msgspec
+
+from guirl.config import GuirlConfig, make_run_dir, save_resolved
+from guirl.config.schema import TrainConfig
+from guirl.errors import InputError
+from guirl.fileio import write_json_atomic
+
+
+def sft_samples(rows: list[Any], renderer: Any, prompt_cfg: Any, *, task_type: str = "row", think: str = ""):
+    """One `TrainSample` per row (see the module docstring); ValueError naming the row when it cannot be
+    made (an image the processor refuses, a prompt holding image tokens)."""
+    from guirl.data.prompt import row_prompt, target_answer
+    from guirl.learner.samples import TrainSample
+
+    end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    samples = []
+    for row in rows:
+        try:
+            prompt = row_prompt(row, prompt_cfg, task_type)
+            rendered = renderer.render(prompt.messages, prompt.images)
+            answer = target_answer(row, prompt.size, think)
+        except ValueError as exc:
+            raise ValueError(f"row {row.id!r}: {exc}") from exc
+        response = renderer.tokenizer(answer, add_special_tokens=False)["input_ids"] + [end]
+        samples.append(
+            TrainSample(
+                prompt_ids=rendered.input_ids,
+                response_ids=response,
+                behaviour_logprobs=[0.0] * len(response),  # unused: no importance correction in SFT
+                images=prompt.images,
+                advantage=1.0,
+                policy_version=0,
+                episode_id=row.id,
+                step=0,
+                group_id=row.id,
+            )
+        )
+    return samples
+
+
+def sft_train_config(cfg: GuirlConfig) -> TrainConfig:
+    """The learner settings of an SFT run: `sft.lr`, no KL, no importance correction, the learner's own
+    micro-batching, gradient clip and threads."""
+    return msgspec.structs.replace(cfg.train, lr=cfg.sft.lr, tis_cap=0.0, kl_coef=0.0, ranks=cfg.sft.ranks)
+
+
+def run_sft(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
+    """Fine-tune `model.hf_ckpt` on `sft.data`; returns (and writes) the summary."""
+    from guirl.agent.prompt import PromptConfig
+    from guirl.data.rows import load_rows
+    from guirl.eval import resolve_checkpoint
+    from guirl.learner.trainer import Trainer, spawn_followers
+
+    s = cfg.sft
+    if not s.data:
+        raise InputError("sft.data must name the rows to train on (a .jsonl or .parquet file)")
+    from guirl.data.source import resolve_rows
+
+    rows = load_rows(resolve_rows(s.data), limit=s.limit)
+    if not rows:
+        raise InputError(f"{s.data}: no rows")
+    ckpt = resolve_checkpoint(cfg)
+    run_dir = run_dir or make_run_dir(cfg)
+    save_resolved(cfg, run_dir)
+    started = time.monotonic()
+    train = sft_train_config(cfg)
+    trainer = Trainer(ckpt=ckpt, train=train, seed=cfg.run.seed)
+    followers: list[Any] = []
+    rendezvous = store = None
+    if s.ranks > 1:
+        options = {"ckpt": ckpt, "train": msgspec.to_builtins(train), "seed": cfg.run.seed}
+        followers, rendezvous, store = spawn_followers(options, world=s.ranks, log_dir=run_dir / "logs")
+    print(
+        f"[sft] {len(rows)} rows from {s.data} · {s.epochs} epoch(s) · batch {s.batch_size} · lr {s.lr:g} · "
+        f"{s.ranks} rank(s) · run directory {run_dir}",
+        file=out,
+    )
+    metrics: list[dict[str, Any]] = []
+    try:
+        trainer.load(None, rendezvous=rendezvous, store=store)
+        samples = sft_samples(
+            rows,
+            trainer.renderer,
+            PromptConfig.from_config(cfg.agent),
+            task_type=cfg.data.task_type,
+            think=s.think,
+        )
+        rng = random.Random(cfg.run.seed)
+        step = 0
+        with open(run_dir / "sft.jsonl", "a") as log:
+            for epoch in range(s.epochs):
+                order = samples[:]
+                rng.shuffle(order)
+                for i in range(0, len(order), s.batch_size):
+                    m = trainer.step(order[i : i + s.batch_size])
+                    step += 1
+                    line = {
+                        "time": round(time.time(), 3),
+                        "step": step,
+                        "epoch": epoch,
+                        "nll": round(m["nll"], 5),
+                        "grad_norm": round(m["grad_norm"], 5),
+                        "tokens": int(m["tokens"]),
+                        "samples": int(m["samples"]),
+                    }
+                    metrics.append(line)
+                    log.write(json.dumps(line) + "\n")
+                    log.flush()
+                print(
+                    f"[sft] epoch {epoch + 1}/{s.epochs} · step {step} · nll {metrics[-1]['nll']:.4f}",
+                    file=out,
+                )
+        final = run_dir / "final"
+        final.mkdir(parents=True, exist_ok=True)
+        trainer.save(final)
+    finally:
+        if trainer.info is not None:
+            trainer.stop()
+        for proc in followers:
+            try:
+                proc.wait(timeout=60)
+            except Exception:
+                proc.kill()
+    summary = {
+        "run_dir": str(run_dir),
+        "mode": "sft",
+        "checkpoint": ckpt,
+        "rows": len(rows),
+        "steps": len(metrics),
+        "nll_first": metrics[0]["nll"] if metrics else None,
+        "nll_last": metrics[-1]["nll"] if metrics else None,
+        "seconds": round(time.monotonic() - started, 2),
+        "model": str(run_dir / "final" / "model"),
+    }
+    write_json_atomic(run_dir / "summary.json", summary)
+    print(
+        f"[sft] {summary['steps']} steps in {summary['seconds']:.1f} s · nll {summary['nll_first']} -> "
+        f"{summary['nll_last']} · model: {summary['model']}",
+        file=out,
+    )
+    return summary
