@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import shutil
 import time
 from collections import Counter
@@ -297,6 +298,8 @@ class Learner(Actor):
 
         cfg = self.cfg
         trajs = batch.trajectories
+        if cfg.shuffle_rewards:  # the control run: the same updates, with rewards that mean nothing
+            trajs = shuffled_rewards(trajs, random.Random(f"{self.seed}:{self.version}"))
         self.trained_groups.update(g.group_id for g in batch.groups)
         self.trained_episodes.update(t.episode_id for t in trajs)
         try:
@@ -517,6 +520,16 @@ class Learner(Actor):
     def _log_metrics(self, metrics: dict[str, Any]) -> None:
         with open(self.metrics_path, "a") as f:
             f.write(json.dumps({"time": round(time.time(), 3), **metrics}) + "\n")
+
+
+def shuffled_rewards(trajs: list[Trajectory], rng: random.Random) -> list[Trajectory]:
+    """The trajectories with their rewards and reward parts permuted among them (`train.shuffle_rewards`)."""
+    order = list(range(len(trajs)))
+    rng.shuffle(order)
+    return [
+        msgspec.structs.replace(t, reward=trajs[j].reward, reward_parts=trajs[j].reward_parts)
+        for t, j in zip(trajs, order, strict=True)
+    ]
 
 
 def reward_part_means(trajs: list[Trajectory]) -> dict[str, float]:

@@ -496,6 +496,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step, outcome + prm_step_coef x PRM score, z-scored over the group's steps of the same index)."""
     prm_step_coef: Annotated[float, Meta(ge=0)] = 1.0
     """Weight of the PRM score in a step's score (`step_wise`)."""
+    shuffle_rewards: bool = False
+    """A control for learning benchmarks: permute the rewards across a batch's trajectories before the
+    advantages (the update then carries no information about which answer was right)."""
     log_advantages: bool = False
     """Write each trained step's reward, PRM score and advantage to <run_dir>/advantages.jsonl."""
     threads: NonNegInt = 0
