@@ -61,6 +61,68 @@ def sft_samples(rows: list[Any], renderer: Any, prompt_cfg: Any, *, task_type: s
     return samples
 
 
+def episode_samples(
+    run_dir: Path, renderer: Any, *, min_score: float = 1.0, problems: list[str] | None = None
+):
+    """Behaviour cloning: a `TrainSample` per step of each episode of `run_dir` that scored at least
+    `min_score`. A step's prompt is rebuilt from its `traj.jsonl` line (the chat messages, with image
+    references, and the size of each image) and the episode's screenshots — a prompt's images are the
+    screens of its last steps, oldest first, each resized as the policy saw it — then rendered by the model's
+    own template; the target is the response the policy gave. An episode that cannot be rebuilt (a missing
+    screenshot, a line that is not JSON) is skipped and named in `problems`."""
+    from guirl.agent.imaging import image_size, resize_image
+    from guirl.learner.samples import TrainSample
+    from guirl.messages.types import ChatMessage, ImagePart, TextPart
+
+    end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    samples = []
+    for result_path in sorted(Path(run_dir, "episodes").glob("*/*/result.json")):
+        folder = result_path.parent
+        try:
+            result = json.loads(result_path.read_text())
+            if result.get("status") != "completed" or (result.get("score") or 0.0) < min_score:
+                continue
+            made = []
+            for raw in (folder / "traj.jsonl").read_text().splitlines():
+                line = json.loads(raw)
+                messages = [
+                    ChatMessage(
+                        role=m["role"],
+                        parts=[
+                            TextPart(p["text"]) if "text" in p else ImagePart(int(p["image"]))
+                            for p in m["parts"]
+                        ],
+                    )
+                    for m in line["prompt"]
+                ]
+                sizes = [tuple(s) for s in line["prompt_images"]]
+                first = int(line["step"]) - (len(sizes) - 1)
+                images = []
+                for i, size in enumerate(sizes):
+                    png = (folder / f"step_{first + i:03d}.png").read_bytes()
+                    images.append(png if image_size(png) == size else resize_image(png, *size))
+                rendered = renderer.render(messages, images)
+                response = renderer.tokenizer(line["response"], add_special_tokens=False)["input_ids"] + [end]
+                made.append(
+                    TrainSample(
+                        prompt_ids=rendered.input_ids,
+                        response_ids=response,
+                        behaviour_logprobs=[0.0] * len(response),
+                        images=images,
+                        advantage=1.0,
+                        policy_version=0,
+                        episode_id=folder.name,
+                        step=int(line["step"]),
+                        group_id=folder.parent.name,
+                    )
+                )
+            samples.extend(made)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
+            if problems is not None:
+                problems.append(f"{folder}: not cloned: {type(exc).__name__}: {exc}"[:300])
+    return samples
+
+
 def sft_train_config(cfg: GuirlConfig) -> TrainConfig:
     """The learner settings of an SFT run: `sft.lr`, no KL, no importance correction, the learner's own
     micro-batching, gradient clip and threads."""
@@ -75,13 +137,16 @@ def run_sft(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.
     from guirl.learner.trainer import Trainer, spawn_followers
 
     s = cfg.sft
-    if not s.data:
-        raise InputError("sft.data must name the rows to train on (a .jsonl or .parquet file)")
+    if not s.data and not s.run_dirs:
+        raise InputError(
+            "nothing to train on: set sft.data (grounding rows) and/or sft.run_dirs (runs to clone)"
+        )
+    for d in s.run_dirs:
+        if not Path(d, "episodes").is_dir():
+            raise InputError(f"sft.run_dirs: {d} is not a run directory (no episodes/)")
     from guirl.data.source import resolve_rows
 
-    rows = load_rows(resolve_rows(s.data), limit=s.limit)
-    if not rows:
-        raise InputError(f"{s.data}: no rows")
+    rows = load_rows(resolve_rows(s.data), limit=s.limit) if s.data else []
     ckpt = resolve_checkpoint(cfg)
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
@@ -108,6 +173,15 @@ def run_sft(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.
             task_type=cfg.data.task_type,
             think=s.think,
         )
+        problems: list[str] = []
+        for d in s.run_dirs:
+            cloned = episode_samples(Path(d), trainer.renderer, min_score=s.min_score, problems=problems)
+            print(f"[sft] {len(cloned)} steps of successful episodes from {d}", file=out)
+            samples.extend(cloned)
+        for problem in problems:
+            print(f"[sft] warning: {problem}", file=out)
+        if not samples:
+            raise InputError("no sample to train on (no rows, and no successful episode in sft.run_dirs)")
         rng = random.Random(cfg.run.seed)
         step = 0
         with open(run_dir / "sft.jsonl", "a") as log:
@@ -149,6 +223,7 @@ def run_sft(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.
         "mode": "sft",
         "checkpoint": ckpt,
         "rows": len(rows),
+        "samples": len(samples),
         "steps": len(metrics),
         "nll_first": metrics[0]["nll"] if metrics else None,
         "nll_last": metrics[-1]["nll"] if metrics else None,

@@ -419,6 +419,11 @@ class SFTConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Use only the first N rows (0 = all)."""
     think: str = ""
     """Text of the `<think>` part of each target answer (empty: `<think></think>`)."""
+    run_dirs: list[str] = msgspec.field(default_factory=list)
+    """Behaviour cloning: run directories (eval or train) whose successful episodes' steps are trained on,
+    each step's prompt rebuilt from its `traj.jsonl` and screenshots, its response as the policy gave it."""
+    min_score: Annotated[float, Meta(ge=0, le=1)] = 1.0
+    """Evaluator score an episode needs to be cloned."""
     ranks: PosInt = 1
     """Data-parallel processes (FSDP2), as the learner's `train.ranks`."""
 

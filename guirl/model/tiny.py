@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 SPECIAL_TOKENS = [
@@ -84,15 +85,18 @@ CHAT_TEMPLATE = """\
 """
 
 
-def _learn_merges(vocab_size: int = 1024) -> tuple[dict[str, int], list[tuple[str, str]]]:
+def _learn_merges(
+    vocab_size: int = 1024, extra_corpus: Sequence[str] = ()
+) -> tuple[dict[str, int], list[tuple[str, str]]]:
     """Byte-level BPE vocabulary and merges learnt from the agent's system prompts (deterministic: the
     same guirl gives the same tokenizer). Without merges a ~4 KB system prompt costs ~4 k tokens, and
-    prefill would swamp everything a benchmark or a test measures."""
+    prefill would swamp everything a benchmark or a test measures. `extra_corpus` adds texts to learn from
+    (e.g. GUI-R1 prompts and answers, so that an answer costs ~20 tokens instead of ~70)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from guirl.agent.prompt import system_prompt
 
-    corpus = [system_prompt(1000, 1000, "relative"), system_prompt(1280, 800, "absolute")]
+    corpus = [system_prompt(1000, 1000, "relative"), system_prompt(1280, 800, "absolute"), *extra_corpus]
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(
@@ -104,13 +108,13 @@ def _learn_merges(vocab_size: int = 1024) -> tuple[dict[str, int], list[tuple[st
     return dict(model["vocab"]), merges
 
 
-def build_tokenizer():
+def build_tokenizer(*, vocab_size: int = 1024, extra_corpus: Sequence[str] = ()):
     """The offline Qwen2 tokenizer: byte-level BPE (see `_learn_merges`), then the special and added
     tokens."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
-    vocab, merges = _learn_merges()
+    vocab, merges = _learn_merges(vocab_size, extra_corpus)
     for token in SPECIAL_TOKENS + ADDED_TOKENS:
         vocab[token] = len(vocab)
     tokenizer = Qwen2Tokenizer(
@@ -159,8 +163,12 @@ def tiny_config(
     heads: int = 4,
     kv_heads: int = 2,
     max_positions: int = 32768,
+    vision_depth: int = 2,
+    vision_hidden: int = 64,
+    vision_heads: int = 2,
 ):
-    """A Qwen3VLConfig at toy scale whose token ids agree with `tokenizer`."""
+    """A Qwen3VLConfig at toy scale whose token ids agree with `tokenizer` (`vision_*`: the vision tower's
+    blocks, width and heads)."""
     from transformers import Qwen3VLConfig
 
     head_dim = 32  # mrope_section [6, 5, 5] must sum to head_dim / 2
@@ -183,10 +191,10 @@ def tiny_config(
         "pad_token_id": ids("<|endoftext|>"),
     }
     vision_config = {
-        "depth": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 2,
+        "depth": vision_depth,
+        "hidden_size": vision_hidden,
+        "intermediate_size": vision_hidden * 2,
+        "num_heads": vision_heads,
         "patch_size": 16,
         "temporal_patch_size": 2,
         "spatial_merge_size": 2,
@@ -214,17 +222,34 @@ def write_tiny_checkpoint(
     heads: int = 4,
     kv_heads: int = 2,
     max_positions: int = 32768,
+    vision_depth: int = 2,
+    vision_hidden: int = 64,
+    vision_heads: int = 2,
+    vocab_size: int = 1024,
+    extra_corpus: Sequence[str] = (),
 ) -> Path:
     """Write a random tiny `Qwen3VLForConditionalGeneration` (weights, config, generation config, tokenizer
-    with chat template, image processor) to `outdir`; the same `seed` gives the same weight bytes."""
+    with chat template, image processor) to `outdir`; the same `seed` gives the same weight bytes.
+
+    The defaults give the tiny model the tests pin; the other knobs make a bigger one (e.g. for
+    bench/learning.py): `vision_*` size the vision tower, `vocab_size` and `extra_corpus` (texts the BPE
+    merges are also learnt from) the tokenizer."""
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(vocab_size=vocab_size, extra_corpus=extra_corpus)
     config = tiny_config(
-        tokenizer, hidden=hidden, layers=layers, heads=heads, kv_heads=kv_heads, max_positions=max_positions
+        tokenizer,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        max_positions=max_positions,
+        vision_depth=vision_depth,
+        vision_hidden=vision_hidden,
+        vision_heads=vision_heads,
     )
     # fork_rng: seed the init without touching the caller's global RNG state.
     with torch.random.fork_rng(devices=[]):
@@ -236,18 +261,15 @@ def write_tiny_checkpoint(
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     build_image_processor().save_pretrained(out)
-    (out / "guirl_tiny.json").write_text(
-        json.dumps(
-            {
-                "format": TINY_FORMAT,
-                "seed": seed,
-                "hidden": hidden,
-                "layers": layers,
-                "heads": heads,
-                "kv_heads": kv_heads,
-            }
-        )
-    )
+    meta = {"format": TINY_FORMAT, "seed": seed, "hidden": hidden, "layers": layers, "heads": heads}
+    meta["kv_heads"] = kv_heads
+    # Only a non-default knob is recorded, so the default checkpoint's bytes stay as they were.
+    extras = {"vision_depth": (vision_depth, 2), "vision_hidden": (vision_hidden, 64)}
+    extras |= {"vision_heads": (vision_heads, 2), "vocab_size": (vocab_size, 1024)}
+    meta |= {k: v for k, (v, default) in extras.items() if v != default}
+    if extra_corpus:
+        meta["extra_corpus_texts"] = len(extra_corpus)
+    (out / "guirl_tiny.json").write_text(json.dumps(meta))
     return out
 
 

@@ -71,6 +71,18 @@ def test_scripted_reference_solutions_score_100_even_with_a_vm_killed(tmp_path):
         assert line["prompt"][0]["role"] == "system" and "timing" in line and line["response"]
     assert (ep_dir / "final.png").exists()
     assert (run_dir / "config.toml").exists() or any(run_dir.glob("config*"))
+    # behaviour cloning (guirl sft's sft.run_dirs) rebuilds every step of the successful episodes
+    from guirl.inference.chat import ChatRenderer
+    from guirl.model.tiny import ensure_tiny_checkpoint
+    from guirl.sft import episode_samples
+
+    renderer = ChatRenderer.load(ensure_tiny_checkpoint(ROOT / ".cache" / "tiny-qwen3vl"))
+    problems: list[str] = []
+    samples = episode_samples(run_dir, renderer, problems=problems)
+    assert problems == [] and len(samples) == sum(e["steps"] for e in episodes if e["status"] == "completed")
+    multi = [s for s in samples if s.step >= 2]
+    assert multi and all(len(s.images) == 3 for s in multi)  # two history screens and the current one
+    assert all(s.response_ids[-1] == renderer.tokenizer.convert_tokens_to_ids("<|im_end|>") for s in samples)
 
 
 def test_pyautogui_action_space(tmp_path):
@@ -111,6 +123,17 @@ def test_tiny_model_runs_every_task_to_an_end_state(tmp_path, tiny_ckpt):
         first = json.loads(traj.read_text().splitlines()[0])
         assert first["engine"] == "hf0" and first["policy_version"] == -1
         assert first["prompt_tokens"] > 0 and 0 < first["response_tokens"] <= 48
+    # behaviour cloning rebuilds each step's prompt to the very tokens the engine saw
+    from guirl.inference.chat import ChatRenderer
+    from guirl.sft import episode_samples
+
+    run_dir = Path(summary["run_dir"])
+    samples = episode_samples(run_dir, ChatRenderer.load(tiny_ckpt), min_score=0.0)
+    assert len(samples) == sum(r["steps"] for r in summary["results"])
+    for s in samples:
+        traj = run_dir / "episodes" / s.group_id / s.episode_id / "traj.jsonl"
+        line = json.loads(traj.read_text().splitlines()[s.step])
+        assert len(s.prompt_ids) == line["prompt_tokens"]
 
 
 def test_bad_inputs_fail_fast_with_a_clear_message(tmp_path):
