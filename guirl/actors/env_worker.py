@@ -33,6 +33,7 @@ from guirl.actors.base import Actor
 from guirl.actors.errors import ActorError
 from guirl.actors.retry import backoff_delays, retry_idempotent
 from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
+from guirl.agent.gui_r1_desktop import build_gui_r1_prompt, parse_gui_r1
 from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
 from guirl.config.schema import AgentConfig, EnvConfig
@@ -462,9 +463,14 @@ class EnvWorker(Actor):
                 t0 = time.monotonic()
                 (episode.dir / f"step_{step:03d}.png").write_bytes(screenshot)
                 try:
-                    prompt = build_prompt(
-                        instruction, episode.history, screenshot, screen=self.screen, cfg=self.prompt_cfg
-                    )
+                    if self.agent.response_format == "gui_r1":
+                        prompt = build_gui_r1_prompt(
+                            instruction, episode.history, screenshot, cfg=self.prompt_cfg
+                        )
+                    else:
+                        prompt = build_prompt(
+                            instruction, episode.history, screenshot, screen=self.screen, cfg=self.prompt_cfg
+                        )
                 except PromptTooLong as exc:
                     raise EnvFault(f"the prompt does not fit the token budget: {exc}") from None
                 response = await self._ask(ep, step, prompt)
@@ -487,13 +493,21 @@ class EnvWorker(Actor):
                 episode.steps = step + 1
                 parsed = None
                 try:
-                    parsed = parse_response(
-                        response.text,
-                        screen=self.screen,
-                        coordinates=self.agent.coordinates,
-                        image_size=prompt.image_sizes[-1],
-                        max_calls=self.agent.max_actions_per_step,
-                    )
+                    if self.agent.response_format == "gui_r1":
+                        parsed = parse_gui_r1(
+                            response.text,
+                            screen=self.screen,
+                            image_size=prompt.image_sizes[-1],
+                            max_calls=self.agent.max_actions_per_step,
+                        )
+                    else:
+                        parsed = parse_response(
+                            response.text,
+                            screen=self.screen,
+                            coordinates=self.agent.coordinates,
+                            image_size=prompt.image_sizes[-1],
+                            max_calls=self.agent.max_actions_per_step,
+                        )
                 except ParseError as exc:
                     episode.outcome, episode.parse_error = "parse_error", f"{exc.code}: {exc}"
                     record.update(parse_error=episode.parse_error, timing={"infer_s": round(t1 - t0, 4)})

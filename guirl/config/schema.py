@@ -263,6 +263,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Nucleus sampling mass."""
     max_new_tokens: PosInt = 512
     """Most tokens in one response."""
+    response_format: Literal["computer_use", "gui_r1"] = "computer_use"
+    """How the policy is asked and read on a desktop: Qwen3-VL's computer-use tool calls, or GUI-R1's
+    `<think>`/`<answer>` format (one screenshot, text history; a policy trained in GUI-R1 mode)."""
     sleep_after_action_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
     """Pause after each action before the next screenshot (applications need time to redraw)."""
 

@@ -294,3 +294,67 @@ def test_a_prm_that_refuses_everything_stalls_no_episode(tmp_path):
     traj, _ = _prm_episode(tmp_path, prm, prm_queue=1)
     assert [s.step for s in traj.steps] == [0, 1, 2] and traj.prm_dropped == [1, 2]
     assert calls and set(calls) == {0}  # only the kept one was offered, again and again
+
+
+def test_a_gui_r1_policy_acts_on_a_desktop(tmp_path):
+    """`agent.response_format = "gui_r1"`: the policy is asked with GUI-R1's prompt and its answers (a click
+    in pixels of the image it saw, then `complete`) become typed actions on the real desktop."""
+    cfg = fast_config()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    answers = [
+        "<think>the terminal</think> <answer>[{'action': 'click', 'point': [160, 120], 'input_text': "
+        "'no input text'}]</answer>",
+        "<think>done</think> <answer>[{'action': 'complete', 'point': [-100, -100], 'input_text': "
+        "'no input text'}]</answer>",
+    ]
+    (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps({"response": a}) + "\n" for a in answers))
+
+    async def scenario():
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            mode="eval",
+            max_steps=5,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[ScriptedEngine("s0", str(scripts), screen=(640, 480))],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        tasks = [await a.start() for a in (coord, broker)]
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 320 * 240, "response_format": "gui_r1"},
+            runtime=cfg.runtime,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(coord.all_done.wait(), 60)
+            await asyncio.wait_for(worker_task, 30)
+        finally:
+            for actor, task in zip((coord, broker), tasks, strict=True):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+        return coord
+
+    coord = run(scenario(), timeout=120)
+    (result,) = coord.results.values()
+    assert result.status == "completed" and result.outcome == "done" and result.steps == 2
+    (folder,) = (tmp_path / "run" / "episodes" / "t-infeasible").iterdir()
+    lines = [json.loads(x) for x in (folder / "traj.jsonl").read_text().splitlines()]
+    # the image shown was 320x224 (smart_resize, factor 32) for a 640x480 screen: the click is scaled
+    assert lines[0]["prompt_images"] == [[320, 224]] and lines[0]["refused"] == []
+    x, y = round(160 * 640 / 320), round(120 * 480 / 224)
+    assert lines[0]["actions"] == [{"type": "click", "x": x, "y": y, "button": "left", "clicks": 1}]
+    assert lines[1]["actions"] == [{"type": "done"}]
+    text = lines[1]["prompt"][0]["parts"][1]["text"]
+    assert "GUI-R1" in text and "Step 1: [{'action': 'click'" in text  # the history, as text
