@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import warnings
 from dataclasses import dataclass
 
 from guirl.agent.actions import KEY_NAMES_MAX, AnyAction, Click, Done, Hotkey, Scroll, TypeText, Wait
@@ -346,7 +347,11 @@ def _literal(content: str) -> tuple[object, str]:
     except (ValueError, RecursionError):
         pass
     try:
-        return ast.literal_eval(content), ""
+        # the compiler warns about odd literals in model text ("invalid decimal literal"): that text is
+        # only being read, and a warning per answer would flood a worker's log
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SyntaxWarning)
+            return ast.literal_eval(content), ""
     except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError) as e:
         return None, f"answer is not a Python or JSON literal ({type(e).__name__})"
 
