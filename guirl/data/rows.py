@@ -27,6 +27,7 @@ from typing import Any
 
 from PIL import Image
 
+from guirl.agent.unified import NO_INPUT_TEXT, NO_POINT  # GUI-R1's "no text" and "no location" (one home)
 from guirl.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,6 @@ MAX_SIDE = 8192
 """Images wider or taller than this are refused (a decompression bomb, or not a screenshot)."""
 BBOX_TOLERANCE = 1e-3
 """How far outside [0, 1] a relative coordinate may stray (rounding in the source) before it is an error."""
-NO_INPUT_TEXT = "no input text"
-NO_POINT = (-100, -100)
-"""GUI-R1's point for an action without a location (read as `gt_bbox == ()`, written back as this)."""
 POINT_ACTIONS = frozenset({"click", "long_press"})
 """Actions whose answer is a point: they need a `gt_bbox`; every other action answers `NO_POINT`."""
 TASK_TYPES = ("high", "low")
