@@ -55,7 +55,15 @@ class DatasetWorker(EnvWorker):
 
     def __init__(self, name: str, *, data: dict | DataConfig | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
+        from guirl.learner.rule_reward import RewardWeights
+
         self.data = data if isinstance(data, DataConfig) else msgspec.convert(data or {}, DataConfig)
+        self.weights = RewardWeights(
+            format=self.data.format_weight,
+            accuracy=self.data.accuracy_weight,
+            point_radius_px=self.data.point_radius_px,
+            text_f1=self.data.text_f1,
+        )
         self.rows: dict[str, Any] = {}
 
     async def setup(self) -> None:
@@ -83,13 +91,14 @@ class DatasetWorker(EnvWorker):
 
     async def _run(self, episode: _Episode) -> None:
         from guirl.data.prompt import ground_truth, row_prompt
-        from guirl.learner.rule_reward import RewardWeights, rule_reward
+        from guirl.learner.rule_reward import rule_reward
 
         ep = episode.ep
         row = self.rows.get(ep.task_id)
         if row is None:
             raise EnvFault(f"no row for task {ep.task_id!r} in this worker's data")
-        prompt = row_prompt(row, self.prompt_cfg, self.data.task_type)
+        # decoding and resizing the screenshot is CPU work: off the loop that serves the other slots
+        prompt = await asyncio.to_thread(row_prompt, row, self.prompt_cfg, self.data.task_type)
         width, height = prompt.size
         png = prompt.images[0]
         (episode.dir / "step_000.png").write_bytes(png)
@@ -97,13 +106,7 @@ class DatasetWorker(EnvWorker):
         episode.versions.add(response.policy_version)
         episode.steps = 1
         truth = ground_truth(row, (width, height))
-        weights = RewardWeights(
-            format=self.data.format_weight,
-            accuracy=self.data.accuracy_weight,
-            point_radius_px=self.data.point_radius_px,
-            text_f1=self.data.text_f1,
-        )
-        reward = rule_reward(response.text, truth, weights)
+        reward = rule_reward(response.text, truth, self.weights)
         parts = {"format": reward.format, "type": reward.type, "accuracy": reward.accuracy}
         if reward.point is not None:
             parts["point"] = reward.point
