@@ -170,6 +170,7 @@ class EnvWorker(Actor):
         self.pool: VMPool | None = None
         self.provider: Any = None
         self.screen = (self.env.screen_width, self.env.screen_height)
+        self._build_prompt, self._parse = self._response_format()
         self.prm_ep = prm
         self.prm_history_images = prm_history_images
         self.prm_queue = prm_queue
@@ -371,14 +372,37 @@ class EnvWorker(Actor):
         )
         self.counters["trajectories.sent"] += 1
 
+    def _response_format(self) -> tuple[Any, Any]:
+        """How the policy is asked and read (`agent.response_format`): (prompt builder, response parser)."""
+        a, cfg, screen = self.agent, self.prompt_cfg, self.screen
+        if a.response_format == "gui_r1":
+            return (
+                lambda instruction, history, shot: build_gui_r1_prompt(instruction, history, shot, cfg=cfg),
+                lambda text, size: parse_gui_r1(
+                    text, screen=screen, image_size=size, max_calls=a.max_actions_per_step
+                ),
+            )
+        return (
+            lambda instruction, history, shot: build_prompt(
+                instruction, history, shot, screen=screen, cfg=cfg
+            ),
+            lambda text, size: parse_response(
+                text,
+                screen=screen,
+                coordinates=a.coordinates,
+                image_size=size,
+                max_calls=a.max_actions_per_step,
+            ),
+        )
+
     # -- the PRM's transitions -----------------------------------------------------------------------
 
     def _transition(
         self, episode: _Episode, instruction: str, step: int, before: bytes, response: str, after: bytes
     ) -> None:
-        """Queue one step for the PRM (never waits: a worker does not slow down for its judge). Past the
-        bound the step goes unjudged, and the trajectory says so (the learner does not wait for it)."""
-        if self.prm is None:
+        """Queue one training step for the PRM (never waits: a worker does not slow down for its judge). Past
+        the bound the step goes unjudged, and the trajectory says so (the learner does not wait for it)."""
+        if self.prm is None or episode.ep.mode != "train":
             return
         ep = episode.ep
         w, h = self.screen
@@ -463,14 +487,7 @@ class EnvWorker(Actor):
                 t0 = time.monotonic()
                 (episode.dir / f"step_{step:03d}.png").write_bytes(screenshot)
                 try:
-                    if self.agent.response_format == "gui_r1":
-                        prompt = build_gui_r1_prompt(
-                            instruction, episode.history, screenshot, cfg=self.prompt_cfg
-                        )
-                    else:
-                        prompt = build_prompt(
-                            instruction, episode.history, screenshot, screen=self.screen, cfg=self.prompt_cfg
-                        )
+                    prompt = self._build_prompt(instruction, episode.history, screenshot)
                 except PromptTooLong as exc:
                     raise EnvFault(f"the prompt does not fit the token budget: {exc}") from None
                 response = await self._ask(ep, step, prompt)
@@ -493,29 +510,15 @@ class EnvWorker(Actor):
                 episode.steps = step + 1
                 parsed = None
                 try:
-                    if self.agent.response_format == "gui_r1":
-                        parsed = parse_gui_r1(
-                            response.text,
-                            screen=self.screen,
-                            image_size=prompt.image_sizes[-1],
-                            max_calls=self.agent.max_actions_per_step,
-                        )
-                    else:
-                        parsed = parse_response(
-                            response.text,
-                            screen=self.screen,
-                            coordinates=self.agent.coordinates,
-                            image_size=prompt.image_sizes[-1],
-                            max_calls=self.agent.max_actions_per_step,
-                        )
+                    parsed = self._parse(response.text, prompt.image_sizes[-1])
                 except ParseError as exc:
                     episode.outcome, episode.parse_error = "parse_error", f"{exc.code}: {exc}"
                     record.update(parse_error=episode.parse_error, timing={"infer_s": round(t1 - t0, 4)})
                     traj.write(json.dumps(record) + "\n")
                     if ep.mode == "train":  # an unparseable response is the policy's: it is trained on
                         episode.add_sample(step, prompt, response, "")
-                        # nothing was executed: the judge sees the same screen after
-                        self._transition(episode, instruction, step, screenshot, response.text, screenshot)
+                    # nothing was executed: the judge sees the same screen after
+                    self._transition(episode, instruction, step, screenshot, response.text, screenshot)
                     return
                 if ep.mode == "train":
                     episode.add_sample(step, prompt, response, parsed.action_line)
@@ -535,17 +538,14 @@ class EnvWorker(Actor):
                     episode.outcome = "fail" if isinstance(terminal, Fail) else "done"
                     break
                 screenshot = next_shot or await client.screenshot()
-                if ep.mode == "train":
-                    self._transition(episode, instruction, step, before, response.text, screenshot)
+                self._transition(episode, instruction, step, before, response.text, screenshot)
                 episode.history.append(StepRecord(before, response.text, parsed.action_line))
             else:
                 episode.outcome = "truncated"  # evaluated as it stands; no FAIL is sent for it
             final = await client.screenshot()
             (episode.dir / "final.png").write_bytes(final)
-            if terminal is not None:
-                if ep.mode == "train":
-                    self._transition(episode, instruction, step, before, response.text, final)
-                episode.history.append(StepRecord(before, response.text, parsed.action_line))
+            if terminal is not None:  # the last step's screen after is the final one
+                self._transition(episode, instruction, step, before, response.text, final)
 
     async def _act(
         self, client: VMClient, actions: list[AnyAction], ctx: TaskContext
