@@ -29,35 +29,48 @@ from guirl.errors import InputError
 from guirl.fileio import write_json_atomic
 
 
+def _target(renderer: Any, prompt: Any, images: list[bytes], answer: str, **name: Any) -> Any:
+    """A sample that teaches `answer` (then the end of the turn) after the chat prompt `prompt` with its
+    `images`: advantage 1, and behaviour log-probs that nothing reads (SFT has no importance correction)."""
+    from guirl.learner.samples import TrainSample
+
+    rendered = renderer.render(prompt, images)
+    end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    response = renderer.tokenizer(answer, add_special_tokens=False)["input_ids"] + [end]
+    return TrainSample(
+        prompt_ids=rendered.input_ids,
+        response_ids=response,
+        behaviour_logprobs=[0.0] * len(response),
+        images=images,
+        advantage=1.0,
+        policy_version=0,
+        **name,
+    )
+
+
 def sft_samples(rows: list[Any], renderer: Any, prompt_cfg: Any, *, task_type: str = "row", think: str = ""):
     """One `TrainSample` per row (see the module docstring); ValueError naming the row when it cannot be
     made (an image the processor refuses, a prompt holding image tokens)."""
     from guirl.data.prompt import row_prompt, target_answer
-    from guirl.learner.samples import TrainSample
 
-    end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     samples = []
     for row in rows:
         try:
             prompt = row_prompt(row, prompt_cfg, task_type)
-            rendered = renderer.render(prompt.messages, prompt.images)
             answer = target_answer(row, prompt.size, think)
+            samples.append(
+                _target(
+                    renderer,
+                    prompt.messages,
+                    prompt.images,
+                    answer,
+                    episode_id=row.id,
+                    step=0,
+                    group_id=row.id,
+                )
+            )
         except ValueError as exc:
             raise ValueError(f"row {row.id!r}: {exc}") from exc
-        response = renderer.tokenizer(answer, add_special_tokens=False)["input_ids"] + [end]
-        samples.append(
-            TrainSample(
-                prompt_ids=rendered.input_ids,
-                response_ids=response,
-                behaviour_logprobs=[0.0] * len(response),  # unused: no importance correction in SFT
-                images=prompt.images,
-                advantage=1.0,
-                policy_version=0,
-                episode_id=row.id,
-                step=0,
-                group_id=row.id,
-            )
-        )
     return samples
 
 
@@ -71,10 +84,8 @@ def episode_samples(
     own template; the target is the response the policy gave. An episode that cannot be rebuilt (a missing
     screenshot, a line that is not JSON) is skipped and named in `problems`."""
     from guirl.agent.imaging import image_size, resize_image
-    from guirl.learner.samples import TrainSample
     from guirl.messages.types import ChatMessage, ImagePart, TextPart
 
-    end = renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     samples = []
     for result_path in sorted(Path(run_dir, "episodes").glob("*/*/result.json")):
         folder = result_path.parent
@@ -101,16 +112,12 @@ def episode_samples(
                 for i, size in enumerate(sizes):
                     png = (folder / f"step_{first + i:03d}.png").read_bytes()
                     images.append(png if image_size(png) == size else resize_image(png, *size))
-                rendered = renderer.render(messages, images)
-                response = renderer.tokenizer(line["response"], add_special_tokens=False)["input_ids"] + [end]
                 made.append(
-                    TrainSample(
-                        prompt_ids=rendered.input_ids,
-                        response_ids=response,
-                        behaviour_logprobs=[0.0] * len(response),
-                        images=images,
-                        advantage=1.0,
-                        policy_version=0,
+                    _target(
+                        renderer,
+                        messages,
+                        images,
+                        line["response"],
                         episode_id=folder.name,
                         step=int(line["step"]),
                         group_id=folder.parent.name,
