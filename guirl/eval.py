@@ -44,18 +44,26 @@ def resolve_checkpoint(cfg: GuirlConfig) -> str:
     ckpt = cfg.model.hf_ckpt
     if cfg.inference.backend != "hf":
         return ckpt
-    if ckpt == TINY:
+    return _hf_checkpoint(
+        ckpt,
+        "model.hf_ckpt",
+        "no policy checkpoint: set HF_CKPT (or model.hf_ckpt) to a Hugging Face checkpoint directory, "
+        'or to "tiny" for the tiny random Qwen3-VL (`guirl model tiny DIR` builds one)',
+    )
+
+
+def _hf_checkpoint(path: str, key: str, missing: str) -> str:
+    """A checkpoint directory the transformers backend loads: `path`, or the tiny model for "tiny";
+    InputError (`missing` when unset) otherwise."""
+    if path == TINY:
         from guirl.model.tiny import ensure_tiny_checkpoint
 
         return str(ensure_tiny_checkpoint(TINY_CACHE))
-    if not ckpt:
-        raise InputError(
-            "no policy checkpoint: set HF_CKPT (or model.hf_ckpt) to a Hugging Face checkpoint directory, "
-            'or to "tiny" for the tiny random Qwen3-VL (`guirl model tiny DIR` builds one)'
-        )
-    if not Path(ckpt, "config.json").is_file():
-        raise InputError(f"model.hf_ckpt={ckpt!r} is not a checkpoint directory (no config.json in it)")
-    return ckpt
+    if not path:
+        raise InputError(missing)
+    if not Path(path, "config.json").is_file():
+        raise InputError(f"{key}={path!r} is not a checkpoint directory (no config.json in it)")
+    return path
 
 
 # -- reporting ---------------------------------------------------------------------------------------
@@ -163,19 +171,14 @@ def resolve_prm_checkpoint(cfg: GuirlConfig) -> str:
     path, backend = cfg.model.prm_model_path, cfg.prm.backend
     if backend == "scripted" or (backend == "openai" and cfg.prm.openai.model and not path):
         return ""  # the scripted judge needs no model; an OpenAI-compatible one is named by prm.openai.model
-    if backend == "hf" and path == TINY:
-        from guirl.model.tiny import ensure_tiny_checkpoint
-
-        return str(ensure_tiny_checkpoint(TINY_CACHE))
+    missing = (
+        "prm.enabled needs a judge: set PRM_MODEL_PATH (or model.prm_model_path) to its checkpoint, "
+        '"tiny" for the tiny random Qwen3-VL, or prm.backend = "scripted"'
+    )
+    if backend == "hf":
+        return _hf_checkpoint(path, "model.prm_model_path", missing)
     if not path:
-        raise InputError(
-            "prm.enabled needs a judge: set PRM_MODEL_PATH (or model.prm_model_path) to its checkpoint, "
-            '"tiny" for the tiny random Qwen3-VL, or prm.backend = "scripted"'
-        )
-    if backend == "hf" and not Path(path, "config.json").is_file():
-        raise InputError(
-            f"model.prm_model_path={path!r} is not a checkpoint directory (no config.json in it)"
-        )
+        raise InputError(missing)
     return path
 
 
