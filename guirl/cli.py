@@ -37,10 +37,40 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _dry_run_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check the configuration and print the GPU plan (learner, engines, workers); start nothing",
+    )
+
+
 def _load(args: argparse.Namespace):
     from guirl.config import load_config
 
     return load_config(args.config, overrides=args.set)
+
+
+def _dry_run(cfg, mode: str) -> int:
+    """Check what a run of `cfg` would need and print its plan, starting nothing (no run directory, no
+    process, no torch)."""
+    from guirl.eval import TINY, resolve_checkpoint, resolve_prm_checkpoint
+    from guirl.placement import plan
+
+    if mode == "train":
+        from guirl.train import check_train_config
+
+        check_train_config(cfg)
+    placement = plan(cfg, mode)
+    # the checkpoint checks the run makes first; "tiny" is built on first use, so it is taken as given here
+    if cfg.model.hf_ckpt != TINY:
+        resolve_checkpoint(cfg)
+    if mode == "train" and cfg.prm.enabled and cfg.model.prm_model_path != TINY:
+        resolve_prm_checkpoint(cfg)
+    print(placement.describe(cfg))
+    if cfg.env.provider != "local" and not cfg.data.train:
+        print(f"not built yet: env.provider {cfg.env.provider!r} (only the local provider runs so far)")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -93,6 +123,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.domain:
         args.set.append(f"eval.domains={json.dumps(args.domain)}")
     cfg = _load(args)
+    if args.dry_run:
+        return _dry_run(cfg, "eval")
     setup_logging("eval", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         summary = uvloop.run(run_eval(cfg))
@@ -137,6 +169,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         if args.config is None:  # the run's own resolved configuration (secrets come from the environment)
             args.config = str(run_dir / "config.toml")
     cfg = _load(args)
+    if args.dry_run:
+        return _dry_run(cfg, "train")
     setup_logging("train", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         summary = uvloop.run(run_train(cfg, run_dir, resume=run_dir is not None))
@@ -258,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["hf", "openai", "scripted", "sglang"], help="inference backend")
     p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
+    _dry_run_arg(p)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("train", help="RL mode: GRPO with env workers acting while the learner trains")
     _config_args(p)
@@ -268,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
     p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    _dry_run_arg(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("data", help="single-step grounding data: synthetic rows, checking a dataset file")
     from guirl.data.cli import add_arguments as data_arguments

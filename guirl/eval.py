@@ -182,10 +182,21 @@ def resolve_prm_checkpoint(cfg: GuirlConfig) -> str:
     return path
 
 
-def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str | None = None) -> ActorSpec:
+def broker_spec(
+    cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str | None = None, placement: Any = None
+) -> ActorSpec:
     """The inference broker of a run (eval and train modes alike); with `judge_ckpt`, it also serves the
-    PRM's judge under `prm.model_name`."""
+    PRM's judge under `prm.model_name`; with `placement` (`guirl.placement.Placement`), its engines go on
+    the planned GPUs."""
     judge = {"prm": msgspec.to_builtins(cfg.prm), "ckpt": judge_ckpt} if judge_ckpt is not None else None
+    placed: dict[str, Any] = {}
+    if placement is not None and placement.uses_gpus:
+        placed = {
+            "rollout_gpus": [list(e.gpus) for e in placement.rollout],
+            "rollout_devices": [f"cuda:{e.ordinals[0]}" if e.ordinals else "" for e in placement.rollout],
+            "judge_gpus": [list(e.gpus) for e in placement.judge],
+            "judge_devices": [f"cuda:{e.ordinals[0]}" if e.ordinals else "" for e in placement.judge],
+        }
     return ActorSpec(
         name="broker",
         target="guirl.actors.broker:InferenceBroker",
@@ -198,6 +209,8 @@ def broker_spec(cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str |
             "screen": [cfg.env.screen_width, cfg.env.screen_height],
             "coordinates": cfg.agent.coordinates,
             "judge": judge,
+            "placement": placed,
+            "log_dir": str(run_dir / "logs"),
         },
     )
 
@@ -241,14 +254,16 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     dataset = bool(cfg.data.eval)  # GUI-R1 mode: held-out grounding rows instead of desktop tasks
     if cfg.env.provider != "local" and not dataset:
         raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
-    if cfg.inference.backend == "sglang":
-        raise InputError('inference.backend="sglang" is not built yet: use "hf" or "openai"')
     if dataset:
         from guirl.actors.dataset_worker import dataset_tasks
 
         tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit or e.limit)
     else:
         tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+    from guirl.placement import apply, plan
+
+    placement = plan(cfg, "eval")
+    cfg = apply(cfg, placement)
     ckpt = resolve_checkpoint(cfg)
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
@@ -269,7 +284,7 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir))
+            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir, placement=placement))
             print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
             vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
             prewarm = vm_split(cfg.env.prewarm_envs, e.workers) if cfg.env.prewarm_envs else [0] * e.workers

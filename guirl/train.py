@@ -213,6 +213,41 @@ async def _follow(
         last = line
 
 
+def check_train_config(cfg: GuirlConfig) -> None:
+    """The settings a train run needs, checked before anything starts (also by `guirl train --dry-run`)."""
+    t = cfg.train
+    if cfg.inference.backend not in ("hf", "sglang"):
+        raise InputError(
+            f"inference.backend={cfg.inference.backend!r}: training needs the engine's token ids and "
+            'log-probs; use "hf" or "sglang"'
+        )
+    if not t.updates:
+        raise InputError("train.updates must be set (> 0): the number of policy updates to make")
+    if t.advantage == "step_wise" and not cfg.prm.enabled:
+        raise InputError('train.advantage = "step_wise" needs PRM scores: set prm.enabled = true')
+
+
+def weight_options(cfg: GuirlConfig, placement: Any) -> dict[str, Any]:
+    """The learner's side of the weight sync: where it trains, how many ranks the engines take in the
+    weight group, its layout (the sglang backend's, or guirl's own for hf engines), backend and dtype."""
+    t, inference = cfg.train, cfg.inference
+    on_gpu = bool(placement is not None and placement.learner_gpus) or t.device == "cuda"
+    sglang = inference.backend == "sglang"
+    engines = len(inference.sglang.urls) if sglang and inference.sglang.urls else inference.engines
+    backend = {"auto": "nccl" if on_gpu else "gloo"}.get(t.weight_backend, t.weight_backend)
+    dtype = t.weight_dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if sglang else inference.hf.dtype
+    return {
+        "device": "cuda" if on_gpu else (t.device or "cpu"),
+        "engines": engines * (inference.sglang.tp_size if sglang else 1),
+        "weight_layout": "sglang" if sglang else "guirl",
+        "weight_flattened": inference.sglang.weight_load_format == "flattened_bucket",
+        "weight_backend": backend,
+        "weight_dtype": dtype,
+    }
+
+
 async def run_train(
     cfg: GuirlConfig, run_dir: Path | None = None, *, resume: bool = False, out: TextIO = sys.stdout
 ) -> dict:
@@ -221,19 +256,14 @@ async def run_train(
     t, e = cfg.train, cfg.eval
     if cfg.env.provider != "local":
         raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
-    if cfg.inference.backend != "hf":
-        raise InputError(
-            f"inference.backend={cfg.inference.backend!r}: training needs the engine's token ids and "
-            'log-probs; use "hf" (the sglang backend is not built yet)'
-        )
-    if not t.updates:
-        raise InputError("train.updates must be set (> 0): the number of policy updates to make")
-    if t.advantage == "step_wise" and not cfg.prm.enabled:
-        raise InputError('train.advantage = "step_wise" needs PRM scores: set prm.enabled = true')
+    check_train_config(cfg)
     cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus")
     cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus")
     if t.sync:
-        cfg = msgspec.structs.replace(cfg, train=msgspec.structs.replace(t, max_staleness=0))
+        # in turns: no sample ahead of its version, and no broadcast overlapping the next update
+        cfg = msgspec.structs.replace(
+            cfg, train=msgspec.structs.replace(t, max_staleness=0, overlap_publish=False)
+        )
         t = cfg.train
     dataset = bool(cfg.data.train)  # GUI-R1 mode: grounding rows and a rule reward instead of desktops
     if dataset:
@@ -252,6 +282,10 @@ async def run_train(
             if t.eval_every
             else []
         )
+    from guirl.placement import apply, plan
+
+    placement = plan(cfg, "train")
+    cfg = apply(cfg, placement)
     ckpt = resolve_checkpoint(cfg)
     judge_ckpt = resolve_prm_checkpoint(cfg) if cfg.prm.enabled else None
     resume_from = None
@@ -267,7 +301,9 @@ async def run_train(
     save_resolved(cfg, run_dir)
     tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
     try:
-        summary = await _train(cfg, run_dir, tracker, tasks, eval_tasks, ckpt, judge_ckpt, resume_from, out)
+        summary = await _train(
+            cfg, run_dir, tracker, tasks, eval_tasks, ckpt, judge_ckpt, resume_from, out, placement
+        )
     except BaseException:
         tracker.close(exit_code=1)
         raise
@@ -286,6 +322,7 @@ async def _train(
     judge_ckpt: str | None,
     resume_from: Path | None,
     out: TextIO,
+    placement: Any = None,
 ) -> dict:
     t, e = cfg.train, cfg.eval
     r = cfg.rollout
@@ -339,7 +376,9 @@ async def _train(
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir, judge_ckpt=judge_ckpt))
+            broker = await _start_or_explain(
+                sup, broker_spec(cfg, ckpt, run_dir, judge_ckpt=judge_ckpt, placement=placement)
+            )
             learner = await _start_or_explain(
                 sup,
                 ActorSpec(
@@ -348,6 +387,7 @@ async def _train(
                     bind=[cfg.endpoints.learner],
                     run_dir=str(run_dir),
                     cpus=cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus"),
+                    env=placement.learner_env() if placement is not None else {},
                     options={
                         "train": msgspec.to_builtins(t),
                         "ckpt": ckpt,
@@ -358,7 +398,7 @@ async def _train(
                         "broker": broker.endpoints[0],
                         "coordinator": coord.endpoints[0],
                         "seed": cfg.run.seed,
-                        "engines": cfg.inference.engines,
+                        **weight_options(cfg, placement),
                         "resume_from": str(resume_from or ""),
                         "ranks": t.ranks,
                         "prm_timeout_s": cfg.prm.score_timeout_s,

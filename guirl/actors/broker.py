@@ -100,8 +100,21 @@ class _ModelQueue:
         return any(s.healthy for s in self.slots)
 
 
-def make_engines(inference: InferenceConfig, *, ckpt: str, screen: tuple[int, int], coordinates: str) -> list:
-    """The engine instances the config asks for (imports each backend only when it is used)."""
+def make_engines(
+    inference: InferenceConfig,
+    *,
+    ckpt: str,
+    screen: tuple[int, int],
+    coordinates: str,
+    gpus: list[list[str]] | None = None,
+    devices: list[str] | None = None,
+    log_dir: str = "",
+) -> list:
+    """The engine instances the config asks for (imports each backend only when it is used). `gpus`: the
+    GPU ids each launched SGLang server gets (the placement's); `devices`: the torch device of each hf
+    engine (`cuda:<ordinal>`); `log_dir`: where launched servers log."""
+    if inference.backend == "sglang":
+        return _sglang_engines(inference, ckpt=ckpt, gpus=gpus, log_dir=log_dir)
     engines: list[Any] = []
     for i in range(inference.engines):
         match inference.backend:
@@ -110,6 +123,8 @@ def make_engines(inference: InferenceConfig, *, ckpt: str, screen: tuple[int, in
 
                 h = inference.hf
                 device = f"{h.device}:{i}" if h.device == "cuda" and inference.engines > 1 else h.device
+                if devices and i < len(devices):
+                    device = devices[i]
                 engines.append(
                     HFEngine(
                         f"hf{i}",
@@ -154,7 +169,58 @@ def make_engines(inference: InferenceConfig, *, ckpt: str, screen: tuple[int, in
     return engines
 
 
-def make_judge_engines(prm: Any, *, ckpt: str) -> list:
+def _sglang_engines(
+    inference: InferenceConfig, *, ckpt: str, gpus: list[list[str]] | None, log_dir: str, prefix: str = ""
+) -> list:
+    from guirl.inference.sglang import LaunchSpec, SGLangEngine
+
+    sg = inference.sglang
+    common = {
+        "max_batch": inference.max_batch,
+        "max_concurrency": sg.max_concurrency,
+        "request_timeout_s": inference.request_timeout_s,
+        "weight_load_format": sg.weight_load_format,
+    }
+    if sg.urls:
+        return [
+            SGLangEngine(
+                f"{prefix}sglang{i}",
+                ckpt,
+                url=url,
+                tp_size=sg.tp_size,
+                start_timeout_s=sg.start_timeout_s,
+                **common,
+            )
+            for i, url in enumerate(sg.urls)
+        ]
+    engines = []
+    for i in range(inference.engines):
+        name = f"{prefix}sglang{i}"
+        launch = LaunchSpec(
+            model_path=ckpt,
+            gpus=list(gpus[i]) if gpus and i < len(gpus) else [],
+            tp_size=sg.tp_size,
+            host=sg.host,
+            port=sg.port + 50 * i if sg.port else 0,
+            mem_fraction_static=sg.mem_fraction_static,
+            context_length=sg.context_length,
+            command=list(sg.server_command),
+            extra_args=list(sg.extra_args),
+            log_path=f"{log_dir}/{name}.log" if log_dir else "",
+            start_timeout_s=sg.start_timeout_s,
+        )
+        engines.append(SGLangEngine(name, ckpt, launch=launch, **common))
+    return engines
+
+
+def make_judge_engines(
+    prm: Any,
+    *,
+    ckpt: str,
+    gpus: list[list[str]] | None = None,
+    devices: list[str] | None = None,
+    log_dir: str = "",
+) -> list:
     """The PRM judge's engines (`prm` is a PRMConfig): the policy's backends, or the scripted judge."""
     if prm.backend == "scripted":
         from guirl.inference.scripted import ScriptedJudgeEngine
@@ -165,12 +231,25 @@ def make_judge_engines(prm: Any, *, ckpt: str) -> list:
             for i in range(prm.engines)
         ]
     inference = InferenceConfig(
-        backend=prm.backend, engines=prm.engines, max_batch=prm.max_batch, hf=prm.hf, openai=prm.openai
+        backend=prm.backend,
+        engines=prm.engines,
+        max_batch=prm.max_batch,
+        request_timeout_s=prm.request_timeout_s,
+        hf=prm.hf,
+        openai=prm.openai,
+        sglang=prm.sglang,
     )
-    engines = make_engines(inference, ckpt=ckpt, screen=(0, 0), coordinates="relative")
+    if prm.backend == "sglang":  # named before launch: a server's log is named after its engine
+        return _sglang_engines(inference, ckpt=ckpt, gpus=gpus, log_dir=log_dir, prefix="judge-")
+    engines = make_engines(inference, ckpt=ckpt, screen=(0, 0), coordinates="relative", devices=devices)
     for e in engines:
         e.name = f"judge-{e.name}"
     return engines
+
+
+def weight_ranks(engine: Any) -> int:
+    """Ranks `engine` takes in the learner's weight group (1, or an SGLang server's tensor-parallel size)."""
+    return int(getattr(engine, "weight_ranks", 1))
 
 
 def _response(result: GenResult, waited: float) -> PolicyResponse:
@@ -206,8 +285,12 @@ class InferenceBroker(Actor):
         engines: list[Engine] | None = None,
         model: str = "policy",
         judge: dict | None = None,
+        placement: dict | None = None,
+        log_dir: str = "",
         **kwargs: Any,
     ) -> None:
+        """`placement`: GPUs of the engines (`rollout_gpus` / `judge_gpus`: ids per launched server,
+        `rollout_devices` / `judge_devices`: torch devices of hf engines), from `guirl.placement`."""
         super().__init__(name, **kwargs)
         cfg = (
             inference
@@ -216,7 +299,20 @@ class InferenceBroker(Actor):
         )
         self.cfg = cfg
         self._engines = engines
-        self._engine_args = {"ckpt": ckpt, "screen": tuple(screen), "coordinates": coordinates}
+        placed = placement or {}
+        self._engine_args = {
+            "ckpt": ckpt,
+            "screen": tuple(screen),
+            "coordinates": coordinates,
+            "gpus": placed.get("rollout_gpus"),
+            "devices": placed.get("rollout_devices"),
+            "log_dir": log_dir,
+        }
+        self._judge_args = {
+            "gpus": placed.get("judge_gpus"),
+            "devices": placed.get("judge_devices"),
+            "log_dir": log_dir,
+        }
         self.model = model
         self._judge = judge  # {"prm": PRMConfig as a dict, "ckpt": path}: also serve the PRM's judge
         self.models: dict[str, _ModelQueue] = {}
@@ -232,7 +328,7 @@ class InferenceBroker(Actor):
             from guirl.config.schema import PRMConfig
 
             prm = msgspec.convert(self._judge.get("prm") or {}, PRMConfig)
-            judge = make_judge_engines(prm, ckpt=self._judge.get("ckpt", ""))
+            judge = make_judge_engines(prm, ckpt=self._judge.get("ckpt", ""), **self._judge_args)
             # the PRM has up to max_concurrency x votes judge requests out at once: never refuse those
             queue = max(self.cfg.max_queue, prm.max_concurrency * prm.votes)
             await self._start_model(prm.model_name, judge, max_batch=prm.max_batch, max_queue=queue)
@@ -471,11 +567,17 @@ class InferenceBroker(Actor):
         async def one(rank: int, slot: _EngineSlot) -> None:
             if msg.weight_group:
                 spec: dict[str, Any] = {"broadcast": msg.weight_group, "rank": rank}
+                if msg.buckets:
+                    spec["buckets"] = msg.buckets
             else:
                 spec = {"path": msg.path}
             async with slot.lock:  # between batches
                 await slot.engine.update_weights(msg.version, spec)
 
-        await asyncio.gather(*(one(rank, slot) for rank, slot in enumerate(slots, start=1)))
+        # an engine takes one rank of the group per GPU it spans (an SGLang server with tensor parallelism)
+        offsets = [1]
+        for slot in slots[:-1]:
+            offsets.append(offsets[-1] + weight_ranks(slot.engine))
+        await asyncio.gather(*(one(rank, slot) for rank, slot in zip(offsets, slots, strict=True)))
         self.policy_version = msg.version
         self.counters["weights.updates"] += 1

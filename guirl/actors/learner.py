@@ -68,6 +68,10 @@ class Learner(Actor):
         resume_from: str = "",
         ranks: int = 1,
         prm_timeout_s: float = 300.0,
+        weight_layout: str = "guirl",
+        weight_flattened: bool = True,
+        weight_backend: str = "gloo",
+        weight_dtype: str = "",
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -90,6 +94,13 @@ class Learner(Actor):
         self.trainer: Any = None
         self._group: Any = None  # the open WeightGroupSpec, once the first broadcast has set it up
         self._sender: Any = None
+        self.weight_layout = weight_layout
+        self.weight_flattened = weight_flattened
+        self.weight_backend = weight_backend
+        self.weight_dtype = weight_dtype
+        self._publishing: asyncio.Task | None = None  # the delivery of the last version, while it runs
+        self._weights_executor: ThreadPoolExecutor | None = None
+        self.last_publish: dict[str, Any] = {}
         self.version = 0
         self.resume_from = Path(resume_from) if resume_from else None
         self.trained_groups: set[str] = set()
@@ -137,7 +148,7 @@ class Learner(Actor):
         if self.version > 0:
             # the engines may hold other weights (the starting ones, or a later version that died with
             # the previous learner): give them the checkpoint's
-            await self._publish()
+            await self._publish(wait=True)
         if self.coord is not None:
             # whatever the previous learner received after its checkpoint died with it: the coordinator
             # hands those groups out again (a fresh start has nothing admitted: a no-op)
@@ -153,8 +164,12 @@ class Learner(Actor):
             if self._executor is not None:
                 # on the torch thread, after whatever runs there (a step, or a load still going: the
                 # trainer's state is only read once it is done)
+                if self._publishing is not None:
+                    self._publishing.cancel()
                 await self._torch(self._shutdown_torch)
                 self._executor.shutdown(wait=True, cancel_futures=True)
+                if self._weights_executor is not None:
+                    self._weights_executor.shutdown(wait=False, cancel_futures=True)
         finally:
             for proc in self._followers:  # released by the stop; killed if not gone in time
                 try:
@@ -164,7 +179,7 @@ class Learner(Actor):
                     await _exited(proc)
 
     def _shutdown_torch(self) -> None:
-        if self._sender is not None:
+        if self._sender is not None:  # a delivery blocked in a collective fails now, not at its timeout
             self._sender.close()
         if self.trainer is not None and self.trainer.info is not None:
             try:  # releases the followers and leaves the process group
@@ -265,6 +280,7 @@ class Learner(Actor):
                 collect_s=round(t1 - t0, 3),
                 update_s=round(t2 - t1 - publish_s, 3),
                 publish_s=round(publish_s, 3),
+                **self.last_publish,
                 learner_idle_frac=round(self.idle_s / max(1e-9, self.idle_s + self.busy_s), 4),
                 **{f"buffer.{k}": v for k, v in self.buffer.state().items()},
             )
@@ -272,6 +288,9 @@ class Learner(Actor):
             last = bool(cfg.updates) and self.version >= cfg.updates
             if (cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0) or last:
                 await self._torch(self._checkpoint)
+        if self._publishing is not None:  # the last version reaches the engines before the run is done
+            await self._publishing
+            self._publishing = None
         self.updates_done.set()
 
     async def _collect(self) -> Any:
@@ -434,21 +453,57 @@ class Learner(Actor):
 
     # -- weights out ---------------------------------------------------------------------------------
 
-    async def _publish(self) -> float:
-        """Make the new weights the engines' and tell the coordinator; returns the seconds it took.
+    async def _publish(self, *, wait: bool = False) -> float:
+        """Make the new weights the engines' and tell the coordinator; returns the seconds the learner was
+        held up by it.
 
-        `broadcast`: the broker's engines join the learner's weight group and receive the state dict
-        (SGLang's update_weights_from_distributed pattern); if that fails, the disk path serves this
-        version and a fresh group is set up next time. `disk`: a safetensors file the engines load."""
+        The full state is gathered on the torch thread (every rank takes part). Delivering it runs on a
+        thread of its own, overlapped with the next update (`train.overlap_publish`, unless `wait`): one
+        delivery at a time, the next publish waits for the previous one. `broadcast`: the broker's
+        engines join the learner's weight group and receive the state dict (SGLang's
+        update_weights_from_distributed pattern; `weight_layout` "sglang": bucket by bucket, the plan told
+        to the engines); if that fails, the disk path serves this version and a fresh group is set up
+        next time. `disk`: a safetensors file the engines load. Phase times go in the metrics
+        (`publish.gather_s`, `publish.broadcast_s`, `publish.engine_s`: from the last byte sent to the
+        broker's answer that every engine serves the version)."""
         started = time.monotonic()
-        done = False
-        if self.cfg.weight_sync == "broadcast" and self.broker is not None:
-            done = await self._broadcast()
-        if not done:
-            path = await self._torch(self._save_weights, self.version)
-            await self._tell(self.broker, WeightsPublished(version=self.version, path=str(path)))
-        await self._tell(self.coord, WeightsPublished(version=self.version, learner_step=self.version))
+        if self._publishing is not None:
+            await self._publishing
+            self._publishing = None
+        state = await self._torch(self.trainer.full_state)
+        timings = {"gather_s": time.monotonic() - started}
+        task = asyncio.create_task(
+            self._deliver(self.version, state, timings), name=f"publish-v{self.version}"
+        )
+        if wait or not self.cfg.overlap_publish:
+            await task
+        else:
+            self._publishing = task
         return time.monotonic() - started
+
+    async def _deliver(self, version: int, state: dict[str, Any], timings: dict[str, float]) -> None:
+        try:
+            done = False
+            if self.cfg.weight_sync == "broadcast" and self.broker is not None:
+                done = await self._broadcast(version, state, timings)
+            if not done:
+                path = await self._weights_thread(self._save_weights, version, state)
+                await self._tell(self.broker, WeightsPublished(version=version, path=str(path)))
+            await self._tell(self.coord, WeightsPublished(version=version, learner_step=version))
+        except Exception as exc:  # the engines keep the previous version; the next publish tries again
+            self.counters["publish.failed"] += 1
+            log.error("publishing version %d failed: %r", version, exc)
+            return
+        self.last_publish = {f"publish.{k}": round(v, 4) for k, v in timings.items()} | {
+            "publish.version": version
+        }
+
+    async def _weights_thread(self, fn: Any, *args: Any) -> Any:
+        if self._weights_executor is None:
+            self._weights_executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix=f"weights-{self.name}"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._weights_executor, fn, *args)
 
     async def _tell(self, conn: Any, msg: Message) -> bool:
         if conn is None:
@@ -458,11 +513,12 @@ class Learner(Actor):
             return True
         except ActorError as exc:  # the broker restarting: it is told again at the next version
             self.counters["publish.failed"] += 1
-            log.warning("could not tell %s about version %d: %s", conn.name, self.version, exc)
+            log.warning("could not tell %s about version %d: %s", conn.name, msg.version, exc)
             return False
 
-    async def _broadcast(self) -> bool:
-        from guirl.learner.weights import WeightGroupSpec, WeightSender, WeightSyncError
+    async def _broadcast(self, version: int, state: dict[str, Any], timings: dict[str, float]) -> bool:
+        from guirl.learner.trainer import savable_state, tied_embeddings
+        from guirl.learner.weights import WeightGroupSpec, WeightSender, WeightSyncError, sglang_buckets
 
         if self._group is None:
             self._group = WeightGroupSpec(
@@ -470,45 +526,61 @@ class Learner(Actor):
                 port=_free_port(),
                 world_size=1 + self.engines,
                 timeout_s=min(120.0, self.runtime.request_timeout_s),
+                backend=self.weight_backend,  # type: ignore[arg-type]
+                layout=self.weight_layout,  # type: ignore[arg-type]
             )
             self._sender = WeightSender()
+        state = _cast(savable_state(state, tied=tied_embeddings(self.trainer.model)), self.weight_dtype)
+        bucket_bytes = self.cfg.weight_bucket_mb << 20
+        buckets = sglang_buckets(state, bucket_bytes) if self.weight_layout == "sglang" else []
         msg = WeightsPublished(
-            version=self.version, learner_step=self.version, weight_group=self._group.to_dict()
+            version=version,
+            learner_step=version,
+            weight_group=self._group.to_dict(),
+            buckets=[b.to_dict() for b in buckets],
         )
         told = asyncio.create_task(self._tell(self.broker, msg))  # the engines join while we send
+        sent = time.monotonic()
         try:
-            stats = await self._torch(self._send, self.version)
+            stats = await self._weights_thread(self._send, version, state, buckets, bucket_bytes)
+            timings["broadcast_s"] = time.monotonic() - sent
             ok = await told
+            timings["engine_s"] = time.monotonic() - sent - timings["broadcast_s"]
         except WeightSyncError as exc:
             told.cancel()
             log.warning(
-                "weight broadcast of version %d failed (%s); the engines load it from disk", self.version, exc
+                "weight broadcast of version %d failed (%s); the engines load it from disk", version, exc
             )
             self.counters["publish.broadcast_failed"] += 1
-            await self._torch(self._sender.close)
+            await self._weights_thread(self._sender.close)
             self._group = self._sender = None
             return False
-        self.counters["publish.broadcast_bytes"] += stats.nbytes
-        self.last_broadcast_s = stats.seconds
+        self.counters["publish.broadcast_bytes"] += stats
+        self.last_broadcast_s = timings["broadcast_s"]
         return ok
 
-    def _send(self, version: int) -> Any:
+    def _send(self, version: int, state: dict[str, Any], buckets: list, bucket_bytes: int) -> int:
+        """On the weights thread: join (first time) and send; the bytes sent."""
         if not self._sender.is_open:
             self._sender.open(self._group)
-        return self._sender.broadcast(self.trainer.full_state(), version)
+        if not buckets:
+            return self._sender.broadcast(state, version, bucket_bytes).nbytes
+        return sum(
+            self._sender.send_sglang_bucket(state, b, flattened=self.weight_flattened) for b in buckets
+        )
 
-    def _save_weights(self, version: int) -> Path:
+    def _save_weights(self, version: int, state: dict[str, Any]) -> Path:
         """The state dict as safetensors under `weights/v<version>/`, written whole then renamed into place;
         older versions are removed (the engines have moved on)."""
         from safetensors.torch import save_file
+
+        from guirl.learner.trainer import savable_state, tied_embeddings
 
         root = self.run_dir / "weights"
         final, tmp = root / f"v{version:06d}", root / f".v{version:06d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        from guirl.learner.trainer import savable_state, tied_embeddings
-
-        state = savable_state(self.trainer.full_state(), tied=tied_embeddings(self.trainer.model))
+        state = savable_state(state, tied=tied_embeddings(self.trainer.model))
         save_file(state, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)  # a resumed run publishes its version again
         os.replace(tmp, final)
@@ -575,6 +647,16 @@ def _exited(proc: Any) -> asyncio.Future:
 
     threading.Thread(target=wait, name=f"wait-{proc.pid}", daemon=True).start()
     return fut
+
+
+def _cast(state: dict[str, Any], dtype: str) -> dict[str, Any]:
+    """Floating-point tensors in `dtype` ("" or "float32": as trained) for the engines."""
+    import torch
+
+    if dtype in ("", "float32"):
+        return state
+    target = getattr(torch, dtype)
+    return {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
 
 
 def _free_port() -> int:

@@ -39,6 +39,9 @@ class ActorSpec(msgspec.Struct, kw_only=True):
     """The run directory; message logs go under it unless `recorder.dir` says otherwise."""
     cpus: list[int] = []
     """CPU cores the process (and every process it starts) is pinned to; empty = no pinning."""
+    env: dict[str, str] = {}
+    """Environment variables set in the process before anything else runs (e.g. the learner's
+    `CUDA_VISIBLE_DEVICES`, from the GPU placement)."""
 
 
 def resolve_target(target: str) -> type:
@@ -86,6 +89,7 @@ def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid:
         sys.exit(1)
     spec = msgspec.msgpack.decode(spec_bytes, type=ActorSpec)
     cfg = msgspec.msgpack.decode(cfg_bytes, type=GuirlConfig)
+    os.environ.update(spec.env)  # before torch (and CUDA) is imported
     if spec.cpus:  # before anything starts a thread pool sized by the cores it sees
         os.sched_setaffinity(0, spec.cpus)
     from guirl.log import setup_logging

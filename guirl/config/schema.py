@@ -129,8 +129,8 @@ class ClusterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     num_gpus: PosInt = 8
     """Total GPUs available to the run."""
-    actor_gpus: PosInt = 4
-    """GPUs used by the training actor (learner)."""
+    actor_gpus: NonNegInt = 4
+    """GPUs used by the training actor (learner); 0 in an evaluation-only layout (all GPUs serve)."""
     rollout_gpus: PosInt = 4
     """GPUs used by rollout inference engines."""
     prm_gpus: NonNegInt = 0
@@ -281,6 +281,34 @@ class HFBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Torch intra-op threads per engine (0 = torch's default)."""
 
 
+class SGLangBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """SGLang servers (the production backend on GPUs): launched per engine, or attached to by URL."""
+
+    urls: list[str] = msgspec.field(default_factory=list)
+    """Attach to these running servers (`http://host:port`, one engine each) instead of launching any."""
+    tp_size: PosInt = 1
+    """Tensor-parallel GPUs per launched server: the rollout GPUs make `rollout_gpus / tp_size` engines."""
+    host: str = "127.0.0.1"
+    """Interface a launched server listens on."""
+    port: Annotated[int, Meta(ge=0, le=65535)] = 0
+    """Port of the first launched server (the next ones count up); 0 = free ports."""
+    mem_fraction_static: Annotated[float, Meta(gt=0, le=1)] = 0.8
+    """Fraction of each GPU's memory SGLang takes for weights and KV cache (`--mem-fraction-static`)."""
+    context_length: NonNegInt = 0
+    """Most tokens of prompt + response (`--context-length`; 0 = the model's own)."""
+    server_command: list[str] = msgspec.field(default_factory=list)
+    """The launch command before SGLang's flags (empty = `python -m sglang.launch_server`)."""
+    extra_args: list[str] = msgspec.field(default_factory=list)
+    """More `launch_server` flags, passed as given (e.g. `["--attention-backend", "fa3"]`)."""
+    start_timeout_s: PosFloat = 1200.0
+    """Seconds a launched server has to load its model and answer `/health_generate`."""
+    max_concurrency: PosInt = 64
+    """Requests in flight to one server at once (SGLang batches them continuously)."""
+    weight_load_format: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
+    """How a weight update travels: one collective per bucket (SGLang's `flattened_bucket`), or one per
+    tensor (older SGLang releases)."""
+
+
 class OpenAIBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """An OpenAI-compatible chat completions endpoint (evaluation only: it returns no token ids)."""
 
@@ -330,6 +358,8 @@ class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenAI-compatible backend settings."""
     scripted: ScriptedBackendConfig = msgspec.field(default_factory=ScriptedBackendConfig)
     """Scripted backend settings."""
+    sglang: SGLangBackendConfig = msgspec.field(default_factory=SGLangBackendConfig)
+    """SGLang backend settings."""
 
 
 class ScriptedJudgeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -384,6 +414,8 @@ class PRMConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """OpenAI-compatible endpoint of the judge."""
     scripted: ScriptedJudgeConfig = msgspec.field(default_factory=ScriptedJudgeConfig)
     """Scripted judge settings."""
+    sglang: SGLangBackendConfig = msgspec.field(default_factory=SGLangBackendConfig)
+    """SGLang servers of the judge (on the PRM's GPUs)."""
 
 
 class DataConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -497,6 +529,25 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Updates between evaluations on `eval.tasks` (0 = none)."""
     weight_sync: Literal["broadcast", "disk"] = "broadcast"
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
+    weight_bucket_mb: PosInt = 512
+    """Size of one bucket of a weight broadcast, in MiB (the engines receive bucket by bucket)."""
+    weight_backend: Literal["auto", "nccl", "gloo"] = "auto"
+    """Backend of the learner -> engines weight group; `auto`: NCCL when the learner is on GPUs, else gloo."""
+    weight_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Dtype the weights travel (and load) in; `auto` = bfloat16 to sglang engines, the hf engines' dtype."""
+    overlap_publish: bool = True
+    """Broadcast the new weights while the next update trains (off: the learner waits for the engines)."""
+    device: Literal["", "cpu", "cuda"] = ""
+    """Where the learner trains: `cuda` (NCCL, one GPU per rank), `cpu` (gloo), or '' (a GPU when there is
+    one)."""
+    mixed_precision: Literal["auto", "bf16", "fp32"] = "auto"
+    """FSDP2 compute dtype: bf16 with fp32 master weights and fp32 gradient reduction, or fp32; `auto` =
+    bf16 on GPUs, fp32 on CPU."""
+    activation_checkpointing: Literal["auto", "on", "off"] = "auto"
+    """Recompute each decoder layer and vision block in backward; `auto` = on GPUs only."""
+    attn_implementation: Literal["auto", "flash_attention_2", "sdpa", "eager"] = "auto"
+    """The model's attention kernel; `auto` = flash_attention_2 on GPUs when flash-attn is installed, else
+    sdpa."""
     sync: bool = False
     """Run rollout and training in turns (no overlap), for comparison with the decoupled default."""
     advantage: Literal["grpo", "step_wise"] = "grpo"

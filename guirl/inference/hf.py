@@ -237,6 +237,27 @@ class HFEngine:
                 ) from exc
             self.policy_version = version
 
+    async def load_tensors(self, named: list[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Copy some of the model's tensors in place (an SGLang-style bucket of an update: any subset of
+        the parameter names, each of its own shape; ValueError before anything is copied otherwise)."""
+        async with self._lock:
+            if self._model is None:
+                raise EngineDead(f"engine {self.name} is not started")
+            await self._in_worker(self._copy_tensors, named)
+            if version is not None:
+                self.policy_version = version
+
+    def _copy_tensors(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        own = self._model.state_dict()
+        for name, t in named:
+            if name not in own:
+                raise ValueError(f"no tensor {name!r} in the model")
+            if tuple(t.shape) != tuple(own[name].shape):
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, the model's is {tuple(own[name].shape)}")
+        with torch.no_grad():
+            for name, t in named:
+                own[name].copy_(t)
+
     def _load_weights(self, path: Path) -> None:
         from safetensors.torch import load_file
 

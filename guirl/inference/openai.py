@@ -160,7 +160,7 @@ class OpenAIEngine:
                     timeout=timeout,
                 ) as resp:
                     status = resp.status
-                    raw = await _read_capped(resp, MAX_RESPONSE_BYTES)
+                    raw = await read_capped(resp, MAX_RESPONSE_BYTES)
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
                 raise EngineDead(f"{url}: {type(exc).__name__}: {exc}") from None
             except TimeoutError:
@@ -169,7 +169,7 @@ class OpenAIEngine:
                 raise EngineError(f"{url}: {type(exc).__name__}: {exc}", retryable=True) from None
         if status >= 400:
             retryable = status >= 500 or status in _RETRYABLE_4XX
-            raise EngineError(f"{url}: {status} {_error_message(raw)}", retryable=retryable)
+            raise EngineError(f"{url}: {status} {error_message(raw)}", retryable=retryable)
         return _parse_completion(raw, url)
 
 
@@ -179,7 +179,7 @@ def data_url(image: bytes) -> str:
     return f"data:{mime};base64,{base64.b64encode(image).decode('ascii')}"
 
 
-async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     """The body, or an `EngineError` as soon as it passes `limit` bytes (declared or actually sent)."""
     if resp.content_length is not None and resp.content_length > limit:
         raise EngineError(
@@ -193,7 +193,7 @@ async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     return bytes(body)
 
 
-def _error_message(raw: bytes) -> str:
+def error_message(raw: bytes) -> str:
     """The server's own words from an error body (OpenAI's, vLLM's, FastAPI's shapes, else the text)."""
     message: Any = None
     try:

@@ -140,7 +140,15 @@ class Trainer:
             torch.set_num_threads(self.cfg.threads)
         torch.manual_seed(self.seed)
         on_gpu = self.info.device.type == "cuda"
-        mixed = on_gpu if self.mixed_precision is None else self.mixed_precision
+        mixed = self.mixed_precision
+        if mixed is None:
+            mixed = on_gpu if self.cfg.mixed_precision == "auto" else self.cfg.mixed_precision == "bf16"
+        checkpointing = (
+            on_gpu
+            if self.cfg.activation_checkpointing == "auto"
+            else (self.cfg.activation_checkpointing == "on")
+        )
+        attn = attn_implementation(self.cfg.attn_implementation, on_gpu=on_gpu)
         ckpt = Path(self.ckpt)
         if not (ckpt / "config.json").is_file():
             raise ValueError(f"{str(ckpt)!r} is not a checkpoint directory (no config.json)")
@@ -148,13 +156,15 @@ class Trainer:
         # rank 0's checkpoint below.
         weights = resume_from / "model" if resume_from is not None and self.world == 1 else ckpt
         model = Qwen3VLForConditionalGeneration.from_pretrained(
-            weights, local_files_only=True, torch_dtype=torch.float32
+            weights, local_files_only=True, torch_dtype=torch.float32, attn_implementation=attn
         )
-        self.model = shard_model(model, self.info, mixed_precision=mixed, activation_checkpointing=on_gpu)
+        self.model = shard_model(
+            model, self.info, mixed_precision=mixed, activation_checkpointing=checkpointing
+        )
         self.model.train()
         if self.cfg.kl_coef > 0:  # the frozen reference: the starting checkpoint, even in a resumed run
             ref = Qwen3VLForConditionalGeneration.from_pretrained(
-                ckpt, local_files_only=True, torch_dtype=torch.float32
+                ckpt, local_files_only=True, torch_dtype=torch.float32, attn_implementation=attn
             )
             ref.requires_grad_(False)
             self.ref_model = shard_model(
@@ -340,6 +350,21 @@ class Trainer:
             buf = torch.empty(n, dtype=torch.uint8)
         dist.broadcast(buf, 0, group=self._ctl)
         return payload if payload is not None else buf.numpy().tobytes()
+
+
+def attn_implementation(choice: str, *, on_gpu: bool) -> str:
+    """The attention kernel to load the model with: `choice` unless "auto", which is flash_attention_2 on a
+    GPU when the flash-attn package is installed (it needs bf16/fp16 compute, which the GPU path has), and
+    sdpa otherwise. Asking for flash_attention_2 without the package, or on CPU, is a clear error."""
+    import importlib.util
+
+    have_flash = importlib.util.find_spec("flash_attn") is not None
+    if choice == "auto":
+        return "flash_attention_2" if on_gpu and have_flash else "sdpa"
+    if choice == "flash_attention_2" and not (on_gpu and have_flash):
+        why = "the learner is on CPU" if not on_gpu else "flash-attn is not installed (pip install -e .[gpu])"
+        raise ValueError(f"train.attn_implementation = flash_attention_2, but {why}")
+    return choice
 
 
 def _check_optimizer_state(optim: Any, trainable: set[str]) -> list[str]:

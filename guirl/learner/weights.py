@@ -64,6 +64,10 @@ class WeightGroupSpec:
     """`gloo` (CPU tensors; the only one tested here) or `nccl` (CUDA tensors)."""
     timeout_s: float = 120.0
     """How long joining, and each collective, may wait for the peers before failing."""
+    layout: Literal["guirl", "sglang"] = "guirl"
+    """`guirl`: the store keys and wire format of this module (hf engines). `sglang`: SGLang's
+    (`init_custom_process_group`'s key prefixes; no header, the bucket plan travels over HTTP as
+    `update_weights_from_distributed` requests; see `sglang_buckets`)."""
 
     def __post_init__(self) -> None:
         if self.world_size < 2:
@@ -74,6 +78,8 @@ class WeightGroupSpec:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.layout not in ("guirl", "sglang"):
+            raise ValueError(f"layout must be 'guirl' or 'sglang', got {self.layout!r}")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain types only, so msgpack/JSON/TOML can carry it."""
@@ -175,6 +181,13 @@ class _Group:
                 spec.host, spec.port, spec.world_size, is_master=rank == 0, timeout=left
             )
             prefixed = dist.PrefixStore(spec.group_name, self.store)
+            if spec.layout == "sglang":
+                # SGLang joins with init_custom_process_group: PrefixStore(group_name), then torch's
+                # _new_process_group_helper adds "<group_name>/" and the device type's "<device>/".
+                device_type = "cpu" if spec.backend == "gloo" else "cuda"
+                prefixed = dist.PrefixStore(
+                    f"{device_type}/", dist.PrefixStore(f"{spec.group_name}/", prefixed)
+                )
             if spec.backend == "gloo":
                 self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timeout)
             else:
@@ -328,6 +341,101 @@ class WeightSender(_Member):
             buckets=len(buckets),
         )
 
+    def send_sglang_bucket(
+        self, state_dict: dict[str, torch.Tensor], bucket: SGLangBucket, *, flattened: bool
+    ) -> int:
+        """Send one bucket of the `sglang` layout (the engines were asked for it over HTTP): one collective
+        of the tensors' bytes back to back (`flattened`), or one per tensor, in the bucket's order.
+        Returns the bytes sent."""
+        group = self._require()
+        tensors = [state_dict[n].detach() for n in bucket.names]
+        for t, dtype, shape in zip(tensors, bucket.dtypes, bucket.shapes):
+            if str(t.dtype).removeprefix("torch.") != dtype or list(t.shape) != shape:
+                raise WeightSyncError(f"{group.spec.where}: the bucket plan does not match the state dict")
+        if not flattened:
+            for t in tensors:
+                group.broadcast(t.to(group.device).contiguous())
+            return sum(t.numel() * t.element_size() for t in tensors)
+        flat = torch.cat([_byte_view(t.to(group.device).contiguous()) for t in tensors])
+        group.broadcast(flat)
+        return flat.numel()
+
+
+@dataclass(frozen=True)
+class SGLangBucket:
+    """One `update_weights_from_distributed` request of the `sglang` layout: the tensors one collective
+    (flattened) or one collective each (per tensor) carries, in order."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"names": self.names, "dtypes": self.dtypes, "shapes": self.shapes}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SGLangBucket:
+        try:
+            b = msgspec.convert(d, cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"bad weight bucket: {exc}") from exc
+        if not b.names or not len(b.names) == len(b.dtypes) == len(b.shapes):
+            raise ValueError(
+                f"bad weight bucket: {len(b.names)} names, {len(b.dtypes)} dtypes, {len(b.shapes)} shapes"
+            )
+        for dtype, shape in zip(b.dtypes, b.shapes):
+            _dtype(dtype)
+            if any(d < 0 for d in shape):
+                raise ValueError(f"bad weight bucket: negative dimension in {shape}")
+        return b
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_numel(s) * _dtype(d).itemsize for d, s in zip(self.dtypes, self.shapes))
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def sglang_buckets(
+    state_dict: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> list[SGLangBucket]:
+    """The state dict cut into buckets of up to `bucket_bytes` (a larger tensor is a bucket of its own),
+    empty tensors left out. Within a bucket the tensors go by decreasing element size, so that every
+    tensor of a flattened bucket starts at a byte offset its dtype can be viewed at (SGLang's
+    `FlattenedTensorBucket` refuses unaligned ones)."""
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    names = [n for n, t in state_dict.items() if t.numel()]
+    sizes = [state_dict[n].numel() * state_dict[n].element_size() for n in names]
+    out: list[SGLangBucket] = []
+    current: list[str] = []
+    size = 0
+
+    def close() -> None:
+        if current:
+            current.sort(key=lambda n: -state_dict[n].element_size())  # stable: name order within a size
+            out.append(
+                SGLangBucket(
+                    names=list(current),
+                    dtypes=[str(state_dict[n].dtype).removeprefix("torch.") for n in current],
+                    shapes=[list(state_dict[n].shape) for n in current],
+                )
+            )
+
+    for name, n in zip(names, sizes):
+        if current and size + n > bucket_bytes:
+            close()
+            current, size = [], 0
+        current.append(name)
+        size += n
+    close()
+    return out
+
 
 class WeightReceiver(_Member):
     """An engine's side of the weight group (ranks 1..N); stays open across updates."""
@@ -388,6 +496,28 @@ class WeightReceiver(_Member):
                 _byte_view(tensors[i]).copy_(staging[offset : offset + sizes[i]])
                 offset += sizes[i]
         return header.version, {m.name: t for m, t in zip(header.tensors, tensors)}
+
+    def receive_sglang_bucket(
+        self, bucket: SGLangBucket, *, flattened: bool
+    ) -> list[tuple[str, torch.Tensor]]:
+        """The engine's side of `WeightSender.send_sglang_bucket` (what an SGLang server does for one
+        `update_weights_from_distributed` request)."""
+        group = self._require()
+        tensors = [
+            torch.empty(s, dtype=_dtype(d), device=group.device) for d, s in zip(bucket.dtypes, bucket.shapes)
+        ]
+        if not flattened:
+            for t in tensors:
+                group.broadcast(t)
+            return list(zip(bucket.names, tensors))
+        sizes = [t.numel() * t.element_size() for t in tensors]
+        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=group.device)
+        group.broadcast(flat)
+        offset = 0
+        for t, n in zip(tensors, sizes):
+            _byte_view(t).copy_(flat[offset : offset + n])
+            offset += n
+        return list(zip(bucket.names, tensors))
 
 
 def state_digest(state_dict: dict[str, torch.Tensor]) -> str:

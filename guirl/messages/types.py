@@ -415,3 +415,6 @@ class WeightsPublished(Message):
     weight_group: dict[str, Any] = {}
     """Join this weight group (a `WeightGroupSpec` as a dict; engine i takes rank i + 1) to receive the
     broadcast, instead of loading from `path`."""
+    buckets: list[dict[str, Any]] = []
+    """The `sglang` layout's bucket plan (`SGLangBucket` dicts, in sending order): what each engine asks
+    its server to receive, one `update_weights_from_distributed` request per bucket."""

@@ -166,17 +166,33 @@ def tiny_config(
     vision_depth: int = 2,
     vision_hidden: int = 64,
     vision_heads: int = 2,
+    head_dim: int = 32,
+    mrope_section: Sequence[int] = (6, 5, 5),
+    intermediate: int = 0,
+    vision_intermediate: int = 0,
+    vision_positions: int = 256,
+    deepstack_visual_indexes: Sequence[int] = (0,),
+    model_vocab: int = 0,
+    tie_word_embeddings: bool = False,
 ):
     """A Qwen3VLConfig at toy scale whose token ids agree with `tokenizer` (`vision_*`: the vision tower's
-    blocks, width and heads)."""
+    blocks, width and heads).
+
+    The other knobs reach real sizes (bench/gpu_check.py builds a 2B-class one): `mrope_section` must sum
+    to `head_dim / 2`; `intermediate` / `vision_intermediate` default (0) to 3x / 2x the width;
+    `vision_positions` is the vision tower's learnt position table; `model_vocab` (0: the tokenizer's
+    size) pads the embedding to a real vocabulary's rows, the ids past the tokenizer decoding to nothing."""
     from transformers import Qwen3VLConfig
 
-    head_dim = 32  # mrope_section [6, 5, 5] must sum to head_dim / 2
+    if 2 * sum(mrope_section) != head_dim:
+        raise ValueError(f"mrope_section {list(mrope_section)} must sum to head_dim / 2 = {head_dim // 2}")
+    if model_vocab and model_vocab < len(tokenizer):
+        raise ValueError(f"model_vocab {model_vocab} is smaller than the tokenizer ({len(tokenizer)} ids)")
     ids = tokenizer.convert_tokens_to_ids
     text_config = {
-        "vocab_size": len(tokenizer),
+        "vocab_size": model_vocab or len(tokenizer),
         "hidden_size": hidden,
-        "intermediate_size": hidden * 3,
+        "intermediate_size": intermediate or hidden * 3,
         "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
@@ -185,7 +201,7 @@ def tiny_config(
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
-            "mrope_section": [6, 5, 5],
+            "mrope_section": list(mrope_section),
             "mrope_interleaved": True,
         },
         "pad_token_id": ids("<|endoftext|>"),
@@ -193,14 +209,14 @@ def tiny_config(
     vision_config = {
         "depth": vision_depth,
         "hidden_size": vision_hidden,
-        "intermediate_size": vision_hidden * 2,
+        "intermediate_size": vision_intermediate or vision_hidden * 2,
         "num_heads": vision_heads,
         "patch_size": 16,
         "temporal_patch_size": 2,
         "spatial_merge_size": 2,
         "out_hidden_size": hidden,
-        "num_position_embeddings": 256,
-        "deepstack_visual_indexes": [0],
+        "num_position_embeddings": vision_positions,
+        "deepstack_visual_indexes": list(deepstack_visual_indexes),
     }
     return Qwen3VLConfig(
         text_config=text_config,
@@ -209,7 +225,7 @@ def tiny_config(
         video_token_id=ids("<|video_pad|>"),
         vision_start_token_id=ids("<|vision_start|>"),
         vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
 
 
@@ -227,16 +243,31 @@ def write_tiny_checkpoint(
     vision_heads: int = 2,
     vocab_size: int = 1024,
     extra_corpus: Sequence[str] = (),
+    head_dim: int = 32,
+    mrope_section: Sequence[int] = (6, 5, 5),
+    intermediate: int = 0,
+    vision_intermediate: int = 0,
+    vision_positions: int = 256,
+    deepstack_visual_indexes: Sequence[int] = (0,),
+    model_vocab: int = 0,
+    tie_word_embeddings: bool = False,
+    dtype: str = "float32",
+    min_pixels: int = 32 * 32 * 4,
+    max_pixels: int = 512 * 512,
 ) -> Path:
     """Write a random tiny `Qwen3VLForConditionalGeneration` (weights, config, generation config, tokenizer
     with chat template, image processor) to `outdir`; the same `seed` gives the same weight bytes.
 
     The defaults give the tiny model the tests pin; the other knobs make a bigger one (e.g. for
     bench/learning.py): `vision_*` size the vision tower, `vocab_size` and `extra_corpus` (texts the BPE
-    merges are also learnt from) the tokenizer."""
+    merges are also learnt from) the tokenizer; `head_dim` .. `tie_word_embeddings` are `tiny_config`'s
+    (real sizes, as bench/gpu_check.py's 2B-class model), `dtype` the stored weights' ("float32" or
+    "bfloat16", as real checkpoints), `min_pixels` / `max_pixels` the image processor's bounds."""
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size=vocab_size, extra_corpus=extra_corpus)
@@ -250,22 +281,36 @@ def write_tiny_checkpoint(
         vision_depth=vision_depth,
         vision_hidden=vision_hidden,
         vision_heads=vision_heads,
+        head_dim=head_dim,
+        mrope_section=mrope_section,
+        intermediate=intermediate,
+        vision_intermediate=vision_intermediate,
+        vision_positions=vision_positions,
+        deepstack_visual_indexes=deepstack_visual_indexes,
+        model_vocab=model_vocab,
+        tie_word_embeddings=tie_word_embeddings,
     )
     # fork_rng: seed the init without touching the caller's global RNG state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3VLForConditionalGeneration(config).to(torch.float32).eval()
+        model = Qwen3VLForConditionalGeneration(config).to(getattr(torch, dtype)).eval()
     im_end, pad = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
     # As Qwen's own generation config: both <|im_end|> and <|endoftext|> end a response.
     model.generation_config = GenerationConfig(eos_token_id=[im_end, pad], pad_token_id=pad, do_sample=False)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    build_image_processor().save_pretrained(out)
+    build_image_processor(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(out)
     meta = {"format": TINY_FORMAT, "seed": seed, "hidden": hidden, "layers": layers, "heads": heads}
     meta["kv_heads"] = kv_heads
     # Only a non-default knob is recorded, so the default checkpoint's bytes stay as they were.
     extras = {"vision_depth": (vision_depth, 2), "vision_hidden": (vision_hidden, 64)}
     extras |= {"vision_heads": (vision_heads, 2), "vocab_size": (vocab_size, 1024)}
+    extras |= {"head_dim": (head_dim, 32), "mrope_section": (list(mrope_section), [6, 5, 5])}
+    extras |= {"intermediate": (intermediate, 0), "vision_intermediate": (vision_intermediate, 0)}
+    extras |= {"vision_positions": (vision_positions, 256), "model_vocab": (model_vocab, 0)}
+    extras |= {"deepstack_visual_indexes": (list(deepstack_visual_indexes), [0])}
+    extras |= {"tie_word_embeddings": (tie_word_embeddings, False), "dtype": (dtype, "float32")}
+    extras |= {"min_pixels": (min_pixels, 32 * 32 * 4), "max_pixels": (max_pixels, 512 * 512)}
     meta |= {k: v for k, (v, default) in extras.items() if v != default}
     if extra_corpus:
         meta["extra_corpus_texts"] = len(extra_corpus)

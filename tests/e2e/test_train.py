@@ -248,3 +248,61 @@ def test_a_prm_killed_mid_run_stalls_nobody(tmp_path, tiny_ckpt):
     lines = [json.loads(x) for x in (run_dir / "advantages.jsonl").read_text().splitlines()]
     assert {x["prm_status"] for x in lines} <= {"scored", "missing"}
     assert any(x["prm_status"] == "scored" for x in lines if x["version"] == 3)  # judging resumed
+
+
+def test_train_with_the_sglang_backend_broadcasts_through_sglang_routes(tmp_path, tiny_ckpt):
+    """The production layout on CPU: the broker launches two SGLang servers (the stand-in, started with
+    SGLang's launch flags on the placement's GPU ids), the learner broadcasts each version over gloo in
+    SGLang's layout, bucket by bucket, overlapped with the next update; every engine serves every version
+    and the metrics carry the publish phases."""
+    standin = json.dumps([sys.executable, "-m", "guirl.testing.fakes", "sglang"])
+    sets = [
+        f"run.root_dir={tmp_path}",
+        "inference.backend=sglang",
+        f"inference.sglang.server_command={standin}",
+        "inference.sglang.start_timeout_s=120",
+        "cluster.num_gpus=2",
+        "cluster.actor_gpus=0",
+        "cluster.rollout_gpus=2",
+        "train.device=cpu",
+        "train.weight_dtype=float32",
+        "train.weight_bucket_mb=1",
+    ]
+    cmd = [
+        *GUIRL,
+        "train",
+        "--config",
+        str(ROOT / "configs" / "local_rl.toml"),
+        "--ckpt",
+        tiny_ckpt,
+        "--updates",
+        "3",
+        "--max-steps",
+        "2",
+        *[x for s in sets for x in ("--set", s)],
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS and k != "CUDA_VISIBLE_DEVICES"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in metrics] == [1, 2, 3]
+    published = [m for m in metrics if "publish.version" in m]
+    assert published, metrics
+    for m in published:
+        assert m["publish.gather_s"] >= 0 and m["publish.broadcast_s"] >= 0 and m["publish.engine_s"] >= 0
+    assert metrics[-1]["version_lag_max"] <= 1
+    logs = {p.name for p in (run_dir / "logs").iterdir()}
+    assert {"sglang0.log", "sglang1.log"} <= logs
+    broker_log = (run_dir / "logs" / "broker.log").read_text()
+    assert "disk" not in broker_log.lower() or "update_weights_from_disk" not in broker_log
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_version"] == 3
+    # the episodes of the last version's groups were played by engines serving a broadcast version
+    versions = set()
+    for traj in run_dir.glob("episodes/*/*/traj.jsonl"):
+        for line in traj.read_text().splitlines():
+            rec = json.loads(line)
+            if "policy_version" in rec:
+                versions.add(rec["policy_version"])
+    assert max(versions, default=-1) >= 1, versions

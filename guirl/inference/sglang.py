@@ -1,0 +1,561 @@
+"""The `sglang` engine: one SGLang server (launched here, or attached to by URL) behind the `Engine`
+protocol, speaking SGLang's native HTTP API.
+
+Generation: `POST /generate` with the prompt's exact token ids (`input_ids`, rendered here with the
+checkpoint's own tokenizer and image processor, as the `hf` engine renders them) and the step's images
+(`image_data`, base64), the sampling settings (`sampling_seed` per request), and `return_logprob`. The
+result carries the prompt ids the engine used (checked against the server's `prompt_tokens`: a server
+that expanded the images differently would make training score other tokens), the response ids and
+their log-probs from `meta_info.output_token_logprobs`, and the finish reason, exactly as the `hf`
+engine returns them. SGLang accepts a vision block with one `<|image_pad|>` or already expanded ones
+and expands it itself by the image's grid, so sending the expanded ids is safe.
+
+Weights (`update_weights`): from the learner's weight group, `POST /init_weights_update_group` once
+(rank offset: this engine's first rank in the group; a server with tensor parallelism takes `tp_size`
+ranks), then one `POST /update_weights_from_distributed` per bucket of the learner's plan (names, dtypes,
+shapes; `load_format="flattened_bucket"` or one collective per tensor) while the learner broadcasts that
+bucket, then `POST /flush_cache` (the radix cache holds KV of the old weights). From disk:
+`POST /update_weights_from_disk`. The broker drains the engine first (no batch in flight during an
+update), so generation is never paused mid-request.
+
+Errors: the server unreachable or gone is `EngineDead`; a timeout, a 5xx or a reply that is not what
+SGLang sends is a retryable `EngineError` (another engine may serve); a 4xx to a generate request is that
+request's fault and answers it alone with `finish_reason="abort"`. Every call has a timeout and every body
+read is capped: a broken or hostile server cannot hang or flood the broker.
+
+Launch: `python -m sglang.launch_server --model-path ... --tp-size N --port P --mem-fraction-static F`
+(plus `--context-length`, extra flags) with `CUDA_VISIBLE_DEVICES` set to the engine's GPUs, in its own
+process group, logging to `<run_dir>/logs/<engine>.log`; ready when `/health_generate` answers 200; a
+server that exits or does not get ready in time fails the start with its log's tail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from guirl.inference.base import EngineDead, EngineError, FinishReason, GenRequest, GenResult, stamp
+from guirl.inference.openai import error_message, read_capped
+from guirl.messages.types import ImagePart
+
+log = logging.getLogger(__name__)
+
+MAX_RESPONSE_BYTES = 64 * 2**20
+"""Largest reply read from a server (a response's ids and log-probs are far smaller)."""
+HEALTH_TIMEOUT_S = 20.0
+"""Most seconds a health probe waits (SGLang's `/health_generate` runs a one-token generation)."""
+CONTROL_TIMEOUT_S = 60.0
+"""Most seconds a control call (flush, pause, server info) waits."""
+_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass
+class LaunchSpec:
+    """How to start one SGLang server process."""
+
+    model_path: str
+    gpus: list[str] = field(default_factory=list)
+    """CUDA_VISIBLE_DEVICES of the server (empty: inherit)."""
+    tp_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0: a free port."""
+    mem_fraction_static: float = 0.8
+    context_length: int = 0
+    command: list[str] = field(default_factory=list)
+    """The command before SGLang's flags (empty: `python -m sglang.launch_server`)."""
+    extra_args: list[str] = field(default_factory=list)
+    log_path: str = ""
+    start_timeout_s: float = 1200.0
+
+    def argv(self, port: int) -> list[str]:
+        cmd = list(self.command) or [sys.executable, "-m", "sglang.launch_server"]
+        cmd += ["--model-path", self.model_path, "--host", self.host, "--port", str(port)]
+        cmd += ["--tp-size", str(self.tp_size), "--mem-fraction-static", f"{self.mem_fraction_static:g}"]
+        if self.context_length:
+            cmd += ["--context-length", str(self.context_length)]
+        return cmd + list(self.extra_args)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class SGLangEngine:
+    """One SGLang server; see the module docstring."""
+
+    supports_tokens = True
+
+    def __init__(
+        self,
+        name: str,
+        ckpt_dir: str | Path,
+        *,
+        url: str = "",
+        launch: LaunchSpec | None = None,
+        tp_size: int = 1,
+        max_batch: int = 32,
+        max_concurrency: int = 64,
+        request_timeout_s: float = 600.0,
+        weight_load_format: str = "flattened_bucket",
+        start_timeout_s: float = 1200.0,
+    ) -> None:
+        if bool(url) == (launch is not None):
+            raise ValueError(
+                f"engine {name}: give a server URL or a launch spec, not {'both' if url else 'neither'}"
+            )
+        self.name = name
+        self.ckpt_dir = Path(ckpt_dir)
+        self.url = url.rstrip("/")
+        self.launch = launch
+        self.tp_size = launch.tp_size if launch is not None else tp_size
+        self.max_batch = max(1, max_batch)
+        self.max_concurrency = max_concurrency
+        self.request_timeout_s = request_timeout_s
+        self.flattened = weight_load_format == "flattened_bucket"
+        self.start_timeout_s = launch.start_timeout_s if launch is not None else start_timeout_s
+        self.policy_version = -1
+        self.last_update: dict[str, float] = {}
+        """Seconds the last weight update spent: `join` (forming the group), `receive`, `flush`."""
+        self._proc: subprocess.Popen | None = None
+        self._log_file: Any = None
+        self._session: aiohttp.ClientSession | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._renderer: Any = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._group: dict[str, Any] | None = None  # the weight group joined (its spec), and our rank in it
+        self._rid = 0
+
+    @property
+    def weight_ranks(self) -> int:
+        """Ranks this engine takes in the learner's weight group (one per tensor-parallel GPU)."""
+        return self.tp_size
+
+    @property
+    def pid(self) -> int | None:
+        """The launched server's process id (None when attached)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def __repr__(self) -> str:
+        return f"SGLangEngine({self.name!r}, url={self.url!r}, tp={self.tp_size})"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load the renderer, launch the server (or find the attached one) and wait until it serves."""
+        try:
+            self._renderer = await self._in_worker(_load_renderer, self.ckpt_dir)
+        except (OSError, ValueError) as exc:
+            raise EngineError(
+                f"engine {self.name}: cannot load the tokenizer of {self.ckpt_dir}: {exc}", retryable=False
+            ) from exc
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_concurrency + 4))
+        self._slots = asyncio.Semaphore(self.max_concurrency)
+        if self.launch is not None:
+            self._spawn()
+        await self._wait_ready(self.start_timeout_s)
+        info = await self._server_info()
+        tp = info.get("tp_size") if isinstance(info, dict) else None
+        if isinstance(tp, int) and tp != self.tp_size:
+            raise EngineError(
+                f"engine {self.name}: {self.url} serves with tp_size {tp}, the config says {self.tp_size} "
+                "(inference.sglang.tp_size): the weight group would count the wrong ranks",
+                retryable=False,
+            )
+
+    def _spawn(self) -> None:
+        spec = self.launch
+        assert spec is not None
+        port = spec.port or free_port(spec.host)
+        self.url = f"http://{spec.host}:{port}"
+        env = dict(os.environ)
+        if spec.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)
+        if spec.log_path:
+            Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(spec.log_path, "ab")  # noqa: SIM115 - the server writes it until closed
+        out = self._log_file if self._log_file is not None else subprocess.DEVNULL
+        argv = spec.argv(port)
+        log.info("engine %s: launching %s", self.name, " ".join(argv))
+        self._proc = subprocess.Popen(  # noqa: S603 - the configured launch command, not model output
+            argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    async def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        delay = 0.05
+        while True:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise EngineError(
+                    f"engine {self.name}: the SGLang server exited with code {self._proc.returncode} while "
+                    f"starting{self._log_tail()}",
+                    retryable=False,
+                )
+            if await self.health():
+                return
+            if time.monotonic() > deadline:
+                raise EngineError(
+                    f"engine {self.name}: {self.url} not serving after {timeout_s:g} s{self._log_tail()}",
+                    retryable=False,
+                )
+            await asyncio.sleep(delay)  # a readiness poll's backoff, not synchronisation
+            delay = min(delay * 2, 1.0)
+
+    def _log_tail(self, lines: int = 20) -> str:
+        path = self.launch.log_path if self.launch is not None else ""
+        if not path or not os.path.exists(path):
+            return ""
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 8192))
+            tail = f.read().decode("utf-8", "replace").splitlines()[-lines:]
+        return f"; the end of {path}:\n" + "\n".join(tail)
+
+    async def health(self) -> bool:
+        """True when `/health_generate` answers 200 (and a launched server's process is alive)."""
+        if self._session is None or (self._proc is not None and self._proc.poll() is not None):
+            return False
+        try:
+            timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            async with self._session.get(f"{self.url}/health_generate", timeout=timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def close(self) -> None:
+        """Close the session; stop a launched server (its whole process group: TP workers too)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+        if self._proc is not None:
+            await asyncio.get_running_loop().run_in_executor(None, _stop_process, self._proc)
+            self._proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+            self._executor = None
+
+    async def _in_worker(self, fn: Any, *args: Any) -> Any:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{self.name}")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+
+    # -- generation ---------------------------------------------------------------------------------
+
+    async def generate(self, batch: list[GenRequest]) -> list[GenResult]:
+        """Send every request at once (SGLang batches them); results in batch order."""
+        if self._session is None or self._renderer is None:
+            raise EngineDead(f"engine {self.name} is not started")
+        started = time.monotonic()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self._one(req)) for req in batch]
+        except ExceptionGroup as group:
+            errors = [e for e in group.exceptions if isinstance(e, EngineError)]
+            if len(errors) < len(group.exceptions):
+                raise
+            raise next((e for e in errors if isinstance(e, EngineDead)), errors[0]) from None
+        return stamp([t.result() for t in tasks], self, started)
+
+    async def _one(self, req: GenRequest) -> GenResult:
+        try:
+            prompt_ids, images = await self._in_worker(_render, self._renderer, req)
+        except ValueError as exc:  # the request itself is bad: answered alone, as the hf engine does
+            log.warning("engine %s: request %r aborted: %s", self.name, req.request_id, exc)
+            return GenResult(text="", finish_reason="abort", error=str(exc)[:300])
+        self._rid += 1
+        body = generate_body(req, prompt_ids, images, rid=f"{self.name}-{self._rid}-{req.request_id}"[:200])
+        assert self._slots is not None
+        async with self._slots:
+            status, raw = await self._post("/generate", body, self.request_timeout_s)
+        if 400 <= status < 500 and status not in (408, 429):
+            message = error_message(raw)
+            log.warning("engine %s: request %r refused (%d): %s", self.name, req.request_id, status, message)
+            return GenResult(text="", finish_reason="abort", error=f"{status} {message}"[:300])
+        if status >= 400:
+            raise EngineError(f"{self.url}/generate: {status} {error_message(raw)}", retryable=True)
+        return parse_generate(raw, prompt_ids, f"{self.url}/generate")
+
+    async def _post(self, path: str, body: Any, timeout_s: float) -> tuple[int, bytes]:
+        if self._session is None:
+            raise EngineDead(f"engine {self.name} is not started (or was closed)")
+        url = f"{self.url}{path}"
+        try:
+            async with self._session.post(
+                url,
+                data=msgspec.json.encode(body),
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                return resp.status, await read_capped(resp, MAX_RESPONSE_BYTES)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            # refused, dropped or reset: the server is gone (or restarting), not slow
+            raise EngineDead(f"{url}: {type(exc).__name__}: {exc}") from None
+        except TimeoutError:
+            if self._proc is not None and self._proc.poll() is not None:
+                raise EngineDead(f"{url}: the server exited with code {self._proc.returncode}") from None
+            raise EngineError(f"{url}: no answer within {timeout_s:g} s", retryable=True) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise EngineError(f"{url}: {type(exc).__name__}: {exc}", retryable=True) from None
+
+    async def _server_info(self) -> Any:
+        assert self._session is not None
+        for path in ("/server_info", "/get_server_info"):
+            try:
+                timeout = aiohttp.ClientTimeout(total=CONTROL_TIMEOUT_S)
+                async with self._session.get(f"{self.url}{path}", timeout=timeout) as resp:
+                    if resp.status == 200:
+                        return msgspec.json.decode(await read_capped(resp, MAX_RESPONSE_BYTES))
+            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError, EngineError):
+                continue
+        return None
+
+    # -- weights ------------------------------------------------------------------------------------
+
+    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+        """Load new weights (the broker has drained this engine), from one of:
+
+        - `{"path": dir}`: `/update_weights_from_disk` (safetensors files in `dir`);
+        - `{"broadcast": WeightGroupSpec dict (layout "sglang"), "rank": first rank, "buckets": [SGLangBucket
+          dicts]}`: join the group once, then receive each bucket while the learner sends it.
+
+        Afterwards the radix cache is flushed and the engine serves `version`."""
+        from guirl.learner.weights import SGLangBucket, WeightGroupSpec
+
+        started = time.monotonic()
+        timings: dict[str, float] = {}
+        if "path" in spec:
+            body = {"model_path": str(spec["path"]), "weight_version": str(version), "flush_cache": False}
+            await self._control("/update_weights_from_disk", body, self.request_timeout_s)
+            timings["receive"] = time.monotonic() - started
+        elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
+            try:
+                group = WeightGroupSpec.from_dict(spec["broadcast"])
+                buckets = [SGLangBucket.from_dict(b) for b in spec.get("buckets") or []]
+            except ValueError as exc:
+                raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
+            if group.layout != "sglang":
+                raise EngineError(
+                    f"engine {self.name}: weight group layout {group.layout!r}, not 'sglang'", retryable=False
+                )
+            if not buckets:
+                raise EngineError(
+                    f"engine {self.name}: a broadcast update without a bucket plan", retryable=False
+                )
+            joined = {"group": group.to_dict(), "rank": spec["rank"]}
+            if self._group != joined:
+                if self._group is not None:
+                    await self._leave(self._group["group"]["group_name"])
+                body = {
+                    "master_address": group.host,
+                    "master_port": group.port,
+                    "rank_offset": spec["rank"],
+                    "world_size": group.world_size,
+                    "group_name": group.group_name,
+                    "backend": group.backend,
+                }
+                await self._control("/init_weights_update_group", body, group.timeout_s + 30)
+                self._group = joined
+            timings["join"] = time.monotonic() - started
+            try:
+                for bucket in buckets:
+                    body = {
+                        **bucket.to_dict(),
+                        "group_name": group.group_name,
+                        "flush_cache": False,
+                        "weight_version": str(version),
+                    }
+                    if self.flattened:
+                        body["load_format"] = "flattened_bucket"
+                    await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
+            except EngineError:
+                self._group = None  # a half-received update leaves the group out of step: rejoin next time
+                raise
+            timings["receive"] = time.monotonic() - started - timings["join"]
+        else:
+            raise NotImplementedError(
+                f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
+                "{'path': ...} or {'broadcast': ..., 'rank': ..., 'buckets': [...]}"
+            )
+        flushed = time.monotonic()
+        await self._control("/flush_cache", {}, CONTROL_TIMEOUT_S, json_reply=False)
+        timings["flush"] = time.monotonic() - flushed
+        self.last_update = {k: round(v, 4) for k, v in timings.items()}
+        self.policy_version = version
+
+    async def _leave(self, group_name: str) -> None:
+        try:
+            await self._control(
+                "/destroy_weights_update_group", {"group_name": group_name}, CONTROL_TIMEOUT_S
+            )
+        except EngineError as exc:  # the old group is gone with its learner anyway
+            log.warning("engine %s: leaving weight group %r: %s", self.name, group_name, exc)
+        self._group = None
+
+    async def _control(
+        self, path: str, body: dict[str, Any], timeout_s: float, *, json_reply: bool = True
+    ) -> Any:
+        """A control call: 200 with `success` true (JSON routes), else a non-retryable `EngineError` with
+        the server's message (a weight update that failed once fails the same way on retry)."""
+        status, raw = await self._post(path, body, timeout_s)
+        if status != 200:
+            raise EngineError(
+                f"engine {self.name}: {path}: {status} {error_message(raw)}", retryable=status >= 500
+            )
+        if not json_reply:
+            return None
+        try:
+            doc = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            raise EngineError(
+                f"engine {self.name}: {path}: reply is not JSON ({raw[:80]!r})", retryable=False
+            ) from None
+        if not isinstance(doc, dict) or doc.get("success") is not True:
+            message = doc.get("message") if isinstance(doc, dict) else doc
+            raise EngineError(f"engine {self.name}: {path} failed: {str(message)[:300]}", retryable=False)
+        return doc
+
+
+# -- request and reply ----------------------------------------------------------------------------------
+
+
+def _load_renderer(ckpt_dir: Path) -> Any:
+    from guirl.inference.chat import ChatRenderer
+
+    return ChatRenderer.load(ckpt_dir)
+
+
+def _render(renderer: Any, req: GenRequest) -> tuple[list[int], list[bytes]]:
+    """The exact prompt ids (image pads expanded) and the images in prompt order; ValueError when the
+    request cannot be served (the hf engine's checks)."""
+    if req.prompt_ids is not None:
+        vocab = len(renderer.tokenizer)
+        bad = next((t for t in req.prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt_ids hold {bad!r}, not a token id of this model (0..{vocab - 1})")
+        rendered = renderer.render_ids(list(req.prompt_ids), req.images)
+        return list(rendered.input_ids), list(req.images)
+    rendered = renderer.render(req.messages, req.images)
+    order = [p.index for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
+    return list(rendered.input_ids), [req.images[i] for i in order]
+
+
+def generate_body(req: GenRequest, prompt_ids: list[int], images: list[bytes], *, rid: str) -> dict[str, Any]:
+    """SGLang's `/generate` request for one prompt."""
+    s = req.sampling
+    greedy = s.temperature <= 0
+    sampling: dict[str, Any] = {
+        "max_new_tokens": s.max_new_tokens,
+        "temperature": 0.0 if greedy else s.temperature,
+        "top_p": 1.0 if greedy else s.top_p,
+        "top_k": -1 if greedy or s.top_k <= 0 else s.top_k,
+        "ignore_eos": s.ignore_eos,
+        "skip_special_tokens": False,  # the text as the hf engine decodes it (tool-call tags and all)
+    }
+    if s.stop:
+        sampling["stop"] = list(s.stop)
+    if s.seed is not None and not greedy:
+        sampling["sampling_seed"] = int(s.seed)
+    body: dict[str, Any] = {
+        "rid": rid,
+        "input_ids": prompt_ids,
+        "sampling_params": sampling,
+        "return_logprob": req.return_logprobs,
+    }
+    if images:
+        body["image_data"] = [base64.b64encode(img).decode("ascii") for img in images]
+    return body
+
+
+def parse_generate(raw: bytes, prompt_ids: list[int], url: str) -> GenResult:
+    """SGLang's `/generate` reply -> `GenResult`; anything else is a retryable `EngineError` saying what."""
+
+    def bad(what: str) -> EngineError:
+        return EngineError(f"{url}: reply is not SGLang's generate output: {what}", retryable=True)
+
+    try:
+        doc = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        raise bad(f"not JSON ({raw[:80]!r})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("meta_info"), dict):
+        raise bad("no meta_info object")
+    meta = doc["meta_info"]
+    text = doc.get("text")
+    if not isinstance(text, str):
+        raise bad("no text")
+    finish = meta.get("finish_reason")
+    kind = finish.get("type") if isinstance(finish, dict) else None
+    if kind not in _FINISH:
+        raise bad(f"finish_reason {finish!r}")
+    if kind == "abort":
+        message = finish.get("message") if isinstance(finish, dict) else None
+        return GenResult(text="", finish_reason="abort", error=str(message or "aborted by the server")[:300])
+    served = meta.get("prompt_tokens")
+    if served != len(prompt_ids):
+        raise EngineError(
+            f"{url}: the server counted {served!r} prompt tokens where guirl rendered {len(prompt_ids)}: its "
+            "image processing differs from the checkpoint's (the samples would not be the tokens it saw)",
+            retryable=False,
+        )
+    lps = meta.get("output_token_logprobs")
+    if not isinstance(lps, list) or not all(
+        isinstance(x, list | tuple) and len(x) >= 2 and isinstance(x[0], int | float) and type(x[1]) is int
+        for x in lps
+    ):
+        raise bad("output_token_logprobs is not a list of [logprob, token_id, ...]")
+    response_ids = [int(x[1]) for x in lps]
+    output_ids = doc.get("output_ids")
+    if output_ids is not None and (
+        not isinstance(output_ids, list) or output_ids[: len(response_ids)] != response_ids[: len(output_ids)]
+    ):
+        raise bad("output_ids disagree with output_token_logprobs")
+    if meta.get("completion_tokens", len(response_ids)) != len(response_ids):
+        raise bad(f"completion_tokens {meta.get('completion_tokens')!r} for {len(response_ids)} log-probs")
+    return GenResult(
+        text=text,
+        prompt_ids=list(prompt_ids),
+        response_ids=response_ids,
+        logprobs=[float(x[0]) for x in lps],
+        finish_reason=_FINISH[kind],
+    )
+
+
+def _stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the server's process group, SIGKILL it after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # TP workers left in the group after the leader exited
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

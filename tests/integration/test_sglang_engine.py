@@ -1,0 +1,382 @@
+"""The `sglang` engine against the SGLang stand-in (a real HTTP server on loopback, SGLang's routes and
+shapes, the tiny Qwen3-VL behind it): generation equal to the `hf` engine's, weight updates through
+SGLang's weight-group routes, a launched server killed and routed around, and broken replies."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never try the hub
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from guirl.actors.broker import InferenceBroker, make_engines
+from guirl.config.schema import InferenceConfig, SGLangBackendConfig
+from guirl.inference.base import EngineDead, EngineError, GenRequest
+from guirl.inference.hf import HFEngine
+from guirl.inference.sglang import LaunchSpec, SGLangEngine
+from guirl.learner.weights import WeightGroupSpec, WeightSender, sglang_buckets
+from guirl.messages import PolicyChannel
+from guirl.messages.types import ChatMessage, PolicyRequest, SamplingParams, TextPart
+from guirl.model.tiny import ensure_tiny_checkpoint
+from guirl.testing.fakes import FakeSGLangServer
+from tests.helpers import client_actor, fast_config, run
+from tests.integration.test_hf_engine import png, screenshot_request
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
+STANDIN = [sys.executable, "-m", "guirl.testing.fakes", "sglang"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+
+
+def _requests() -> list[GenRequest]:
+    return [
+        screenshot_request("click the button", png(224, 160), GREEDY, rid="greedy"),
+        screenshot_request(
+            "type hello",
+            png(320, 200, seed=3),
+            SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=12, seed=7),
+            rid="sampled",
+        ),
+        GenRequest(
+            messages=[ChatMessage(role="user", parts=[TextPart("no image here")])],
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=6),
+            request_id="text-only",
+        ),
+    ]
+
+
+async def _one_by_one(engine, requests):
+    return [(await engine.generate([r]))[0] for r in requests]
+
+
+def test_generation_equals_the_hf_engine(ckpt: Path) -> None:
+    """Same weights, same requests (one at a time, so seeded samples are drawn alike): the same prompt ids,
+    response ids, log-probs, finish reasons and text; the request on the wire is SGLang's."""
+
+    async def scenario():
+        hf = HFEngine("hf", ckpt)
+        await hf.start()
+        try:
+            want = await _one_by_one(hf, _requests())
+        finally:
+            await hf.close()
+        async with FakeSGLangServer(str(ckpt)) as server:
+            engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=60)
+            await engine.start()
+            try:
+                assert await engine.health()
+                got = await _one_by_one(engine, _requests())
+            finally:
+                await engine.close()
+            return want, got, server.requests
+
+    want, got, sent = run(scenario())
+    for w, g in zip(want, got, strict=True):
+        assert g.prompt_ids == w.prompt_ids
+        assert g.response_ids == w.response_ids
+        assert g.finish_reason == w.finish_reason
+        assert g.text == w.text
+        assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
+        assert g.engine == "sg" and g.policy_version == -1
+    body = sent[1]
+    assert set(body) == {"rid", "input_ids", "sampling_params", "return_logprob", "image_data"}
+    assert body["sampling_params"]["sampling_seed"] == 7 and body["sampling_params"]["top_k"] == -1
+    assert body["return_logprob"] is True and len(body["image_data"]) == 1
+    assert "sampling_seed" not in sent[0]["sampling_params"]  # greedy: no seed
+    assert "image_data" not in sent[2]
+
+
+def _perturbed(ckpt: Path, seed: int) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        state.update(load_file(str(f)))
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
+        for k, v in state.items()
+    }
+
+
+@pytest.mark.parametrize("load_format", ["flattened_bucket", "per_tensor"])
+def test_weight_updates_through_the_sglang_routes(ckpt: Path, tmp_path: Path, load_format: str) -> None:
+    """The learner (rank 0) broadcasts in small buckets while the engine asks its server for each bucket:
+    twice, through one group joined once. The server serves the new version, flushed its cache, and its
+    log-probs equal those of an hf engine that loaded the same weights."""
+    from safetensors.torch import save_file
+
+    states = {1: _perturbed(ckpt, 1), 2: _perturbed(ckpt, 2)}
+    request = screenshot_request("click the button", png(224, 160), GREEDY)
+
+    async def scenario():
+        sender = WeightSender()
+        async with FakeSGLangServer(str(ckpt)) as server:
+            engine = SGLangEngine(
+                "sg", ckpt, url=server.url, request_timeout_s=60, weight_load_format=load_format
+            )
+            await engine.start()
+            before = (await engine.generate([request]))[0]
+            spec = WeightGroupSpec(
+                host="127.0.0.1", port=_port(), world_size=2, layout="sglang", timeout_s=30
+            )
+            flattened = load_format == "flattened_bucket"
+            results = {}
+            for version, state in states.items():
+                buckets = sglang_buckets(state, 64 << 10)  # small buckets: several requests per update
+
+                def send(state=state, buckets=buckets) -> None:
+                    if not sender.is_open:
+                        sender.open(spec)
+                    for b in buckets:
+                        sender.send_sglang_bucket(state, b, flattened=flattened)
+
+                learner = asyncio.create_task(asyncio.to_thread(send))
+                await engine.update_weights(
+                    version,
+                    {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]},
+                )
+                await learner
+                assert len(buckets) > 3
+                results[version] = (await engine.generate([request]))[0]
+                assert engine.policy_version == version and server.weight_version == str(version)
+                assert set(engine.last_update) == {"join", "receive", "flush"}
+            flushes = server.flushes
+            await engine.close()
+            await asyncio.to_thread(sender.close)
+            return before, results, flushes
+
+    before, results, flushes = run(scenario(), timeout=180)
+    assert flushes == 2
+    for version, state in states.items():
+        path = tmp_path / f"v{version}"
+        path.mkdir()
+        save_file(state, str(path / "model.safetensors"))
+
+        async def reference(path=path, version=version):
+            hf = HFEngine("hf", ckpt)
+            await hf.start()
+            await hf.update_weights(version, {"path": str(path)})
+            try:
+                return (await hf.generate([request]))[0]
+            finally:
+                await hf.close()
+
+        want = run(reference())
+        got = results[version]
+        assert got.policy_version == version
+        assert got.response_ids == want.response_ids
+        assert got.logprobs == pytest.approx(want.logprobs, abs=1e-5)
+        assert got.logprobs != pytest.approx(before.logprobs, abs=1e-3)  # the weights did change
+
+
+def test_update_from_disk_and_bad_weight_updates(ckpt: Path, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(_perturbed(ckpt, 3), str(tmp_path / "model.safetensors"))
+
+    async def scenario():
+        async with FakeSGLangServer(str(ckpt)) as server:
+            server.group_timeout_s = 2.0
+            engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=30)
+            await engine.start()
+            await engine.update_weights(5, {"path": str(tmp_path)})
+            assert engine.policy_version == 5 and server.weight_version == "5"
+            with pytest.raises(EngineError, match="update_weights_from_disk"):
+                await engine.update_weights(6, {"path": str(tmp_path / "nowhere")})
+            assert engine.policy_version == 5
+            spec = WeightGroupSpec(host="127.0.0.1", port=_port(), world_size=2, layout="sglang", timeout_s=2)
+            with pytest.raises(EngineError, match="init_weights_update_group"):  # no learner shows up
+                await engine.update_weights(
+                    6,
+                    {
+                        "broadcast": spec.to_dict(),
+                        "rank": 1,
+                        "buckets": [{"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}],
+                    },
+                )
+            with pytest.raises(EngineError, match="bucket"):
+                await engine.update_weights(
+                    6, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [{"names": "x"}]}
+                )
+            guirl = WeightGroupSpec(host="127.0.0.1", port=_port(), world_size=2, timeout_s=2)
+            with pytest.raises(EngineError, match="layout"):
+                await engine.update_weights(6, {"broadcast": guirl.to_dict(), "rank": 1, "buckets": []})
+            assert engine.policy_version == 5
+            await engine.close()
+
+    run(scenario(), timeout=120)
+
+
+def test_malformed_and_failed_replies_are_clear_errors(ckpt: Path) -> None:
+    """Every broken reply ends in a clear error (or the request's own abort), never a hang."""
+    request = screenshot_request("click", png(64, 64), GREEDY)
+
+    async def scenario():
+        async with FakeSGLangServer(str(ckpt)) as server:
+            engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=3)
+            await engine.start()
+            server.generate_raw = b"<html>not json"
+            with pytest.raises(EngineError, match="not JSON") as e:
+                await engine.generate([request])
+            assert e.value.retryable
+            server.generate_raw = (
+                b'{"text": "x", "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3}}'
+            )
+            with pytest.raises(EngineError, match="prompt tokens") as e:
+                await engine.generate([request])
+            assert not e.value.retryable
+            server.generate_raw = b'{"text": "x", "meta_info": {"finish_reason": {"type": "weird"}}}'
+            with pytest.raises(EngineError, match="finish_reason"):
+                await engine.generate([request])
+            server.generate_raw = None
+            server.generate_status = 503
+            with pytest.raises(EngineError, match="503") as e:
+                await engine.generate([request])
+            assert e.value.retryable
+            server.generate_status = 400  # the request's fault: answered alone
+            (aborted,) = await engine.generate([request])
+            assert aborted.finish_reason == "abort" and "400" in aborted.error
+            server.generate_status = None
+            server.hang = True
+            with pytest.raises(EngineError, match="no answer within 3 s"):
+                await asyncio.wait_for(engine.generate([request]), 20)
+            server.hang = False
+            server.healthy = False
+            assert not await engine.health()
+            # a request that cannot be rendered is aborted alone, as by the hf engine
+            bad = GenRequest(prompt_ids=[10**9], sampling=GREEDY)
+            (res,) = await engine.generate([bad])
+            assert res.finish_reason == "abort" and "token id" in res.error
+            await engine.close()
+        gone = SGLangEngine(
+            "gone", ckpt, url=f"http://127.0.0.1:{_port()}", request_timeout_s=3, start_timeout_s=1
+        )
+        with pytest.raises(EngineError, match="not serving"):
+            await gone.start()
+        gone._renderer = engine._renderer  # started enough to send: the server is not there
+        import aiohttp
+
+        gone._session = aiohttp.ClientSession()
+        gone._slots = asyncio.Semaphore(1)
+        with pytest.raises(EngineDead):
+            await gone.generate([request])
+        await gone.close()
+
+    run(scenario(), timeout=120)
+
+
+def test_the_stand_in_refuses_what_sglang_refuses(ckpt: Path) -> None:
+    import aiohttp
+
+    async def scenario():
+        async with FakeSGLangServer(str(ckpt)) as server, aiohttp.ClientSession() as s:
+            cases = [
+                {"input_ids": [1, 2], "sampling_params": {"temprature": 0.5}},
+                {"input_ids": [1, 2], "bogus": 1},
+                {"input_ids": "hello"},
+                {"input_ids": [1, 2], "image_data": ["%%%"]},
+                {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "ten"}},
+            ]
+            for body in cases:
+                async with s.post(f"{server.url}/generate", json=body) as r:
+                    assert r.status == 400, body
+                    assert "message" in (await r.json())["error"]
+            async with s.post(f"{server.url}/generate", data=b"{not json") as r:
+                assert r.status == 400
+            async with s.post(f"{server.url}/update_weights_from_distributed", json={"names": ["x"]}) as r:
+                assert r.status == 400 and (await r.json())["success"] is False
+
+    run(scenario(), timeout=60)
+
+
+def test_launched_servers_killed_one_is_routed_around(ckpt: Path, tmp_path: Path) -> None:
+    """Two servers launched by the engines (the stand-in's process, SGLang's launch flags, logs in the
+    run's log directory); one is SIGKILLed mid-run: the health check marks it dead, every later request is
+    served by the other, and closing stops the survivor's process."""
+    inference = InferenceConfig(
+        backend="sglang",
+        engines=2,
+        max_batch=2,
+        max_wait_ms=0.0,
+        health_interval_s=0.2,
+        request_timeout_s=30,
+        sglang=SGLangBackendConfig(server_command=STANDIN, start_timeout_s=120),
+    )
+    engines = make_engines(
+        inference, ckpt=str(ckpt), screen=(0, 0), coordinates="relative", log_dir=str(tmp_path)
+    )
+    cfg = fast_config()
+
+    def req(i: int) -> PolicyRequest:
+        return PolicyRequest(
+            episode_id=f"ep{i}",
+            step=0,
+            task_id="t",
+            messages=[ChatMessage(role="user", parts=[TextPart(f"request {i}")])],
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=4),
+        )
+
+    async def scenario():
+        broker = InferenceBroker(
+            "broker", inference=inference, engines=engines, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"]
+        )
+        task = await broker.start()
+        pids = [e.pid for e in engines]
+        try:
+            async with client_actor(cfg) as client:
+                conn = client.connect("broker", broker.endpoints[0], PolicyChannel)
+                first = await asyncio.gather(*(conn.request(req(i)) for i in range(4)))
+                assert {r.engine for r in first} == {"sglang0", "sglang1"}
+                os.killpg(pids[0], signal.SIGKILL)
+                later = await asyncio.gather(*(conn.request(req(i)) for i in range(4, 12)))
+                assert all(r.engine == "sglang1" and r.response_ids is not None for r in later)
+                while broker.counters["engines.marked_dead"] < 1:  # the health loop runs every 0.2 s
+                    await asyncio.sleep(0.05)
+        finally:
+            broker.request_shutdown("test done")
+            await asyncio.wait_for(task, 30)
+        return pids
+
+    pids = run(scenario(), timeout=240)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    log = (tmp_path / "sglang1.log").read_text()
+    assert "--model-path" not in log and "sglang stand-in serving" in log
+
+
+def test_a_server_that_dies_while_starting_fails_with_its_log(ckpt: Path, tmp_path: Path) -> None:
+    launch = LaunchSpec(
+        model_path=str(tmp_path / "no-such-model"),
+        command=STANDIN,
+        log_path=str(tmp_path / "sg.log"),
+        start_timeout_s=60,
+    )
+    engine = SGLangEngine("sg", ckpt, launch=launch)
+
+    async def scenario():
+        try:
+            with pytest.raises(EngineError, match="exited with code") as e:
+                await engine.start()
+            assert "sg.log" in str(e.value) and not e.value.retryable
+        finally:
+            await engine.close()
+
+    run(scenario(), timeout=120)
+
+
+def _port() -> int:
+    from guirl.inference.sglang import free_port
+
+    return free_port()
