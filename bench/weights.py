@@ -9,7 +9,10 @@ Both processes run torch with one thread (see `main`). `send_s` is rank 0's own 
 returns once its sends are handed to gloo); `delivered_s` runs until the engine has every tensor in
 memory (the acknowledgement's pipe hop is ~0.1 ms), and the bandwidth is the payload over
 `delivered_s`. The first broadcast of each case is checked bit-identical (sha256 on both sides) and not
-timed. Median of `--reps`. Prints a table, then one line of JSON.
+timed. Median of `--reps`. Then SGLang's layout (the `sglang` backend's), side by side with guirl's on
+the same state: no header, the bucket plan told to the engine out of band (over the pipe here, over HTTP
+to an SGLang server), one collective per bucket (`flattened_bucket`) or one per tensor (`per_tensor`).
+Prints a table, then one line of JSON.
 
     python bench/weights.py [--reps 5]
 """
@@ -30,7 +33,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from guirl.learner.weights import WeightGroupSpec, WeightReceiver, WeightSender, state_digest  # noqa: E402
+from guirl.learner.weights import (  # noqa: E402
+    SGLangBucket,
+    WeightGroupSpec,
+    WeightReceiver,
+    WeightSender,
+    sglang_buckets,
+    state_digest,
+)
 
 MiB = 1 << 20
 CASES = [  # (model, dtype, bucket MiB)
@@ -114,6 +124,69 @@ def engine(spec: dict, conn: Connection) -> None:
         receiver.close()
 
 
+def sglang_engine(spec: dict, conn: Connection) -> None:
+    """Rank 1 of an SGLang-layout group: each command is a bucket plan to receive (as a server's
+    `update_weights_from_distributed` requests would be); ack with the digest when asked."""
+    torch.set_num_threads(1)
+    receiver = WeightReceiver()
+    receiver.open(WeightGroupSpec.from_dict(spec), rank=1)
+    try:
+        while (command := conn.recv()) != "stop":
+            plan, flattened, digest = command
+            state: dict[str, torch.Tensor] = {}
+            for b in plan:
+                state.update(receiver.receive_sglang_bucket(SGLangBucket.from_dict(b), flattened=flattened))
+            conn.send(state_digest(state) if digest else "")
+            del state
+    finally:
+        receiver.close()
+
+
+def sglang_layout(state: dict[str, torch.Tensor], bucket_mib: int, reps: int) -> list[dict]:
+    """SGLang's layout, flattened and per tensor, on `state`: the median of `reps` after a checked round."""
+    spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=120, layout="sglang")
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    proc = ctx.Process(target=sglang_engine, args=(spec.to_dict(), child), daemon=True)
+    proc.start()
+    sender = WeightSender()
+    sender.open(spec)
+    payload = sum(t.numel() * t.element_size() for t in state.values())
+    rows = []
+    try:
+        for flattened in (True, False):
+            delivered_s = []
+            for rep in range(reps + 1):
+                started = time.perf_counter()
+                plan = sglang_buckets(state, bucket_mib * MiB)
+                conn.send(([b.to_dict() for b in plan], flattened, rep == 0))
+                for b in plan:
+                    sender.send_sglang_bucket(state, b, flattened=flattened)
+                digest = conn.recv()
+                if rep == 0:
+                    assert digest == state_digest(state), "sglang layout: weights differ"
+                else:
+                    delivered_s.append(time.perf_counter() - started)
+            med = statistics.median(delivered_s)
+            rows.append(
+                {
+                    "layout": "sglang-flattened" if flattened else "sglang-per-tensor",
+                    "bucket_mib": bucket_mib,
+                    "collectives": len(plan) if flattened else sum(len(b.names) for b in plan),
+                    "delivered_s": round(med, 4),
+                    "gbytes_per_s": round(payload / med / 1e9, 3),
+                    "bit_identical": True,
+                }
+            )
+        conn.send("stop")
+        proc.join(60)
+    finally:
+        sender.close()
+        if proc.is_alive():
+            proc.kill()
+    return rows
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -192,7 +265,24 @@ def main() -> None:
             f"{r['buckets']:>7} {r['mbytes']:>8.1f} {r['send_s']:>8.4f} {r['delivered_s']:>8.4f} "
             f"{r['gbytes_per_s']:>6.2f}"
         )
-    print(json.dumps({"bench": "weights", "backend": "gloo", "reps": args.reps, "cases": rows}))
+    state = random_state(shapes["100M"], torch.bfloat16, seed=99)
+    guirl_row = next(
+        r for r in rows if r["model"] == "100M" and r["dtype"] == "bfloat16" and r["bucket_mib"] == 64
+    )
+    layouts = sglang_layout(state, 64, args.reps)
+    print("\n100M bf16, 64 MiB buckets, by layout (delivered s, ratio to guirl's):")
+    print(f"  guirl          {guirl_row['delivered_s']:.4f}  1.00x  ({guirl_row['buckets']} collectives)")
+    for r in layouts:
+        r["ratio_to_guirl"] = round(r["delivered_s"] / guirl_row["delivered_s"], 2)
+        print(
+            f"  {r['layout']:<17}{r['delivered_s']:.4f}  {r['ratio_to_guirl']:.2f}x"
+            f"  ({r['collectives']} collectives)"
+        )
+    print(
+        json.dumps(
+            {"bench": "weights", "backend": "gloo", "reps": args.reps, "cases": rows, "layouts": layouts}
+        )
+    )
 
 
 if __name__ == "__main__":

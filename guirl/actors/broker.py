@@ -373,6 +373,17 @@ class InferenceBroker(Actor):
 
     # -- requests ------------------------------------------------------------------------------------
 
+    def stats(self) -> Any:
+        """The counters, and `weights.live_ranks`: the weight-group ranks the policy's healthy engines take
+        now (the learner sizes its next group by it, so a dead engine does not hold a broadcast up)."""
+        reply = super().stats()
+        reply.counters["weights.live_ranks"] = self.live_weight_ranks()
+        return reply
+
+    def live_weight_ranks(self) -> int:
+        queue = self.models.get(self.model)
+        return sum(weight_ranks(s.engine) for s in queue.slots if s.healthy) if queue is not None else 0
+
     async def handle(self, req: Request) -> Message | None:
         match req.msg:
             case PolicyRequest() as msg:
@@ -559,10 +570,23 @@ class InferenceBroker(Actor):
             queue.changed.set()
 
     async def _update_weights(self, msg: WeightsPublished) -> None:
-        """Every policy engine takes the new weights between its batches: from a path, or by joining the
-        learner's weight group (rank 1.. in engine order), all at once, since a broadcast completes only
-        when every member has joined. The judge's engines keep theirs (the PRM is not trained)."""
-        slots = self.models[self.model].slots
+        """Every healthy policy engine takes the new weights between its batches: from a path, or by joining
+        the learner's weight group (rank 1.. in engine order), all at once, since a broadcast completes only
+        when every member has joined. The learner sized the group by `weights.live_ranks`; if the healthy
+        engines no longer fill it exactly, the update fails (the learner falls back to the disk path). An
+        engine that is down keeps its version (its samples are tagged with it) until a later update. The
+        judge's engines keep theirs (the PRM is not trained)."""
+        slots = [s for s in self.models[self.model].slots if s.healthy]
+        if not slots:
+            raise EngineError("no healthy policy engine to update")
+        if msg.weight_group:
+            size = msg.weight_group.get("world_size")
+            live = sum(weight_ranks(s.engine) for s in slots)
+            if size != 1 + live:
+                raise EngineError(
+                    f"the weight group has {size} ranks, but the learner and the healthy engines take "
+                    f"{1 + live}"
+                )
 
         async def one(rank: int, slot: _EngineSlot) -> None:
             if msg.weight_group:

@@ -37,6 +37,7 @@ from guirl.messages.types import (
     ErrorReply,
     LearnerResumed,
     Message,
+    StatsRequest,
     StepScore,
     Trajectory,
     WeightsPublished,
@@ -520,19 +521,31 @@ class Learner(Actor):
         from guirl.learner.trainer import savable_state, tied_embeddings
         from guirl.learner.weights import WeightGroupSpec, WeightSender, WeightSyncError, sglang_buckets
 
+        ranks = await self._live_ranks()
+        if ranks == 0:
+            return False  # no engine up to join: the disk path keeps the version for when they are back
+        if self._group is not None and self._group.world_size != 1 + ranks:
+            # an engine died or came back: a group of the engines that are up now
+            await self._weights_thread(self._sender.close)
+            self._group = self._sender = None
         if self._group is None:
             self._group = WeightGroupSpec(
                 host="127.0.0.1",
                 port=_free_port(),
-                world_size=1 + self.engines,
+                world_size=1 + ranks,
                 timeout_s=min(120.0, self.runtime.request_timeout_s),
                 backend=self.weight_backend,  # type: ignore[arg-type]
                 layout=self.weight_layout,  # type: ignore[arg-type]
             )
             self._sender = WeightSender()
-        state = _cast(savable_state(state, tied=tied_embeddings(self.trainer.model)), self.weight_dtype)
         bucket_bytes = self.cfg.weight_bucket_mb << 20
-        buckets = sglang_buckets(state, bucket_bytes) if self.weight_layout == "sglang" else []
+        tied = tied_embeddings(self.trainer.model)
+
+        def prepare() -> tuple[dict[str, Any], list]:  # off the event loop: copies of the whole model
+            ready = _cast(savable_state(state, tied=tied), self.weight_dtype)
+            return ready, sglang_buckets(ready, bucket_bytes) if self.weight_layout == "sglang" else []
+
+        state, buckets = await self._weights_thread(prepare)
         msg = WeightsPublished(
             version=version,
             learner_step=version,
@@ -558,6 +571,15 @@ class Learner(Actor):
         self.counters["publish.broadcast_bytes"] += stats
         self.last_broadcast_s = timings["broadcast_s"]
         return ok
+
+    async def _live_ranks(self) -> int:
+        """The weight-group ranks of the broker's healthy engines now (all of them, if it cannot say)."""
+        try:
+            reply = await self.broker.request(StatsRequest(), timeout=self.runtime.request_timeout_s)
+        except ActorError as exc:
+            log.warning("could not ask the broker which engines are up: %s", exc)
+            return self.engines
+        return int(getattr(reply, "counters", {}).get("weights.live_ranks", self.engines))
 
     def _send(self, version: int, state: dict[str, Any], buckets: list, bucket_bytes: int) -> int:
         """On the weights thread: join (first time) and send; the bytes sent."""

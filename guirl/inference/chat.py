@@ -13,6 +13,7 @@ parsed as that token; a literal "<|image_pad|>" is caught (the pad count no long
 from __future__ import annotations
 
 import io
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,10 @@ import torch
 
 from guirl.agent.prompt import VISION_TOKENS
 from guirl.messages.types import ChatMessage, ImagePart, TextPart
+
+LOAD_LOCK = threading.Lock()
+"""Held while loading from transformers on a worker thread: its lazy module imports are not thread-safe (two
+engines starting at once saw `cannot import name 'AutoImageProcessor'`)."""
 
 
 @dataclass
@@ -69,10 +74,11 @@ class ChatRenderer:
     @classmethod
     def load(cls, ckpt_dir: str | Path) -> ChatRenderer:
         """The renderer of a local checkpoint directory (never touches the network)."""
-        from transformers import AutoImageProcessor, AutoTokenizer
+        with LOAD_LOCK:
+            from transformers import AutoImageProcessor, AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir), local_files_only=True)
-        image_processor = AutoImageProcessor.from_pretrained(str(ckpt_dir), local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir), local_files_only=True)
+            image_processor = AutoImageProcessor.from_pretrained(str(ckpt_dir), local_files_only=True)
         return cls(tokenizer, image_processor)
 
     def template_text(self, messages: list[ChatMessage]) -> str:

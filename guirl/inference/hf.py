@@ -144,8 +144,11 @@ class HFEngine:
             ) from exc
 
     def _load(self) -> None:
-        from transformers import Qwen3VLForConditionalGeneration
-        from transformers.utils import logging as hf_logging
+        from guirl.inference.chat import LOAD_LOCK
+
+        with LOAD_LOCK:  # transformers' lazy imports are not thread-safe (engines start side by side)
+            from transformers import Qwen3VLForConditionalGeneration
+            from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
 

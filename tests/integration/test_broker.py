@@ -19,6 +19,7 @@ from guirl.messages.types import (
     Image,
     PolicyRequest,
     PolicyResponse,
+    StatsRequest,
     TextPart,
     WeightsPublished,
 )
@@ -251,3 +252,71 @@ def test_one_passing_fault_is_retried_without_taking_the_engine_out():
             )
 
     assert run(scenario())
+
+
+def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(script_dir):
+    """An SGLang server with tp GPUs takes tp ranks of the learner's group: engine i's first rank is 1 plus
+    the ranks before it; the bucket plan reaches every engine with the group."""
+    cfg = fast_config()
+    seen: dict[str, dict] = {}
+
+    class TP(ScriptedEngine):
+        def __init__(self, name: str, tp: int) -> None:
+            super().__init__(name, script_dir, screen=(1920, 1080))
+            self.weight_ranks = tp
+
+        async def update_weights(self, version, spec):
+            seen[self.name] = spec
+            self.policy_version = version
+
+    engines = [TP("a", 2), TP("b", 4), TP("c", 1)]
+    group = {"host": "127.0.0.1", "port": 1234, "world_size": 8, "layout": "sglang"}
+    buckets = [{"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 2]]}]
+
+    async def body(broker, conn):
+        await conn.request(WeightsPublished(version=3, weight_group=group, buckets=buckets))
+        return broker.policy_version
+
+    assert run(_with_broker(cfg, engines, body)) == 3
+    assert {n: s["rank"] for n, s in seen.items()} == {"a": 1, "b": 3, "c": 7}
+    assert all(s["buckets"] == buckets and s["broadcast"] == group for s in seen.values())
+
+    # engine b goes down: the broker says 3 live ranks; a group sized for all is refused, one sized for the
+    # live engines is joined by them alone (c moves up to rank 3)
+    seen.clear()
+
+    async def down(broker, conn):
+        broker.models["policy"].slots[1].healthy = False
+        stats = await conn.request(StatsRequest())
+        assert stats.counters["weights.live_ranks"] == 3
+        with pytest.raises(RemoteError, match="healthy engines take 4"):
+            await conn.request(WeightsPublished(version=4, weight_group=group, buckets=buckets))
+        assert not seen
+        await conn.request(
+            WeightsPublished(version=4, weight_group={**group, "world_size": 4}, buckets=buckets)
+        )
+        return True
+
+    engines = [TP("a", 2), TP("b", 4), TP("c", 1)]
+    assert run(_with_broker(cfg, engines, down))
+    assert {n: s["rank"] for n, s in seen.items()} == {"a": 1, "c": 3}
+
+
+def test_judge_sglang_engines_launch_on_the_prm_gpus(tmp_path):
+    from guirl.actors.broker import make_judge_engines
+    from guirl.config.schema import PRMConfig, SGLangBackendConfig
+
+    prm = PRMConfig(
+        enabled=True, backend="sglang", engines=2, sglang=SGLangBackendConfig(tp_size=2, port=31000)
+    )
+    engines = make_judge_engines(
+        prm, ckpt="/models/judge", gpus=[["6", "7"], ["4", "5"]], log_dir=str(tmp_path)
+    )
+    assert [e.name for e in engines] == ["judge-sglang0", "judge-sglang1"]
+    assert [e.launch.gpus for e in engines] == [["6", "7"], ["4", "5"]]
+    assert [e.weight_ranks for e in engines] == [2, 2]
+    argv = engines[1].launch.argv(31050)
+    assert argv[argv.index("--model-path") + 1] == "/models/judge"
+    assert argv[argv.index("--port") + 1] == "31050" and argv[argv.index("--tp-size") + 1] == "2"
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.8" and "--context-length" not in argv
+    assert engines[1].launch.port == 31050 and engines[1].launch.log_path.endswith("judge-sglang1.log")
