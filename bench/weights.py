@@ -271,11 +271,11 @@ def main() -> None:
     )
     layouts = sglang_layout(state, 64, args.reps)
     print("\n100M bf16, 64 MiB buckets, by layout (delivered s, ratio to guirl's):")
-    print(f"  guirl          {guirl_row['delivered_s']:.4f}  1.00x  ({guirl_row['buckets']} collectives)")
+    print(f"  guirl             {guirl_row['delivered_s']:.4f}  1.00x  ({guirl_row['buckets']} collectives)")
     for r in layouts:
         r["ratio_to_guirl"] = round(r["delivered_s"] / guirl_row["delivered_s"], 2)
         print(
-            f"  {r['layout']:<17}{r['delivered_s']:.4f}  {r['ratio_to_guirl']:.2f}x"
+            f"  {r['layout']:<18}{r['delivered_s']:.4f}  {r['ratio_to_guirl']:.2f}x"
             f"  ({r['collectives']} collectives)"
         )
     print(

@@ -503,19 +503,22 @@ class WeightReceiver(_Member):
         """The engine's side of `WeightSender.send_sglang_bucket` (what an SGLang server does for one
         `update_weights_from_distributed` request)."""
         group = self._require()
-        tensors = [
-            torch.empty(s, dtype=_dtype(d), device=group.device) for d, s in zip(bucket.dtypes, bucket.shapes)
-        ]
         if not flattened:
+            tensors = [
+                torch.empty(s, dtype=_dtype(d), device=group.device)
+                for d, s in zip(bucket.dtypes, bucket.shapes)
+            ]
             for t in tensors:
                 group.broadcast(t)
             return list(zip(bucket.names, tensors))
-        sizes = [t.numel() * t.element_size() for t in tensors]
+        sizes = [_numel(s) * _dtype(d).itemsize for d, s in zip(bucket.dtypes, bucket.shapes)]
         flat = torch.empty(sum(sizes), dtype=torch.uint8, device=group.device)
         group.broadcast(flat)
-        offset = 0
-        for t, n in zip(tensors, sizes):
-            _byte_view(t).copy_(flat[offset : offset + n])
+        # views into the one buffer, as SGLang's FlattenedTensorBucket reconstructs them (no second copy;
+        # the plan orders a bucket by decreasing element size, so every view is aligned)
+        tensors, offset = [], 0
+        for d, shape, n in zip(bucket.dtypes, bucket.shapes, sizes, strict=True):
+            tensors.append(flat[offset : offset + n].view(_dtype(d)).reshape(shape))
             offset += n
         return list(zip(bucket.names, tensors))
 
