@@ -13,9 +13,11 @@ and the engines join a process group and the learner broadcasts tensors into it 
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from guirl.messages.types import ChatMessage, SamplingParams
 
@@ -105,3 +107,21 @@ def stamp(results: list[GenResult], engine: Engine, started: float) -> list[GenR
         r.policy_version = engine.policy_version
         r.latency_s = latency
     return results
+
+
+T = TypeVar("T")
+
+
+async def gather_requests(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Run one awaitable per request of a batch at once; their results in order. One that fails with an
+    `EngineError` fails the batch (the others are cancelled) with that error — an `EngineDead` first, as it
+    says the most about the engine; anything else is a bug and propagates whole."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tasks = [tg.create_task(c) for c in calls]  # type: ignore[arg-type]
+    except ExceptionGroup as group:
+        errors = [e for e in group.exceptions if isinstance(e, EngineError)]
+        if len(errors) < len(group.exceptions):
+            raise  # a bug, not an engine fault: let it show whole
+        raise next((e for e in errors if isinstance(e, EngineDead)), errors[0]) from None
+    return [t.result() for t in tasks]

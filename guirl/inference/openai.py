@@ -20,7 +20,15 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from guirl.inference.base import EngineDead, EngineError, FinishReason, GenRequest, GenResult, stamp
+from guirl.inference.base import (
+    EngineDead,
+    EngineError,
+    FinishReason,
+    GenRequest,
+    GenResult,
+    gather_requests,
+    stamp,
+)
 from guirl.messages.types import ImagePart, TextPart
 
 MAX_RESPONSE_BYTES = 16 * 2**20
@@ -103,16 +111,7 @@ class OpenAIEngine:
                 )
         bodies = [self._body(req) for req in batch]  # a malformed request fails before anything is sent
         started = time.monotonic()
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self._complete(body)) for body in bodies]
-        except ExceptionGroup as group:
-            errors = [e for e in group.exceptions if isinstance(e, EngineError)]
-            if len(errors) < len(group.exceptions):
-                raise  # a bug, not an engine fault: let it show whole
-            # a dead endpoint says the most about the engine; otherwise the first request's error
-            raise next((e for e in errors if isinstance(e, EngineDead)), errors[0]) from None
-        return stamp([t.result() for t in tasks], self, started)
+        return stamp(await gather_requests(self._complete(body) for body in bodies), self, started)
 
     # -- one request ----------------------------------------------------------------------------------
 

@@ -49,7 +49,15 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from guirl.inference.base import EngineDead, EngineError, FinishReason, GenRequest, GenResult, stamp
+from guirl.inference.base import (
+    EngineDead,
+    EngineError,
+    FinishReason,
+    GenRequest,
+    GenResult,
+    gather_requests,
+    stamp,
+)
 from guirl.inference.openai import error_message, read_capped
 from guirl.messages.types import ImagePart
 
@@ -270,15 +278,7 @@ class SGLangEngine:
         if self._session is None or self._renderer is None:
             raise EngineDead(f"engine {self.name} is not started")
         started = time.monotonic()
-        try:
-            async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self._one(req)) for req in batch]
-        except ExceptionGroup as group:
-            errors = [e for e in group.exceptions if isinstance(e, EngineError)]
-            if len(errors) < len(group.exceptions):
-                raise
-            raise next((e for e in errors if isinstance(e, EngineDead)), errors[0]) from None
-        return stamp([t.result() for t in tasks], self, started)
+        return stamp(await gather_requests(self._one(req) for req in batch), self, started)
 
     async def _one(self, req: GenRequest) -> GenResult:
         try:
