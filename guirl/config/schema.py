@@ -201,24 +201,100 @@ class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Tags attached to each W&B run."""
 
 
+class AWSConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """AWS EC2 desktops (boto3). Credentials come from boto3's usual chain (AWS_ACCESS_KEY_ID, profiles,
+    instance roles), never from this file; the region is `env.region`."""
+
+    image_id: str = ""
+    """AMI of the desktop image (OSWorld's, or your own with the VM server on `cloud.vm_port`)."""
+    instance_type: str = "t3.xlarge"
+    """EC2 instance type."""
+    subnet_id: str = ""
+    """Private subnet the instances go in (no public address is asked for)."""
+    security_group_id: str = ""
+    """Security group of the instances: it may open `cloud.vm_port` to `cloud.cluster_cidr` only."""
+    root_snapshot_id: str = ""
+    """Snapshot the root volume is replaced from on reset (empty: the AMI's own snapshot)."""
+    endpoint_url: str = ""
+    """EC2 endpoint override (a test's loopback server); empty = AWS's."""
+
+
 class VolcengineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Volcengine ECS credentials and placement."""
+    """Volcengine ECS desktops (volcengine-python-sdk); the region is `env.region`."""
 
     access_key: str = ""
-    """Volcengine access key id."""
+    """Volcengine access key id (VOLC_ACCESSKEY)."""
     secret_key: str = ""
-    """Volcengine secret access key."""
+    """Volcengine secret access key (VOLC_SECRETKEY)."""
     image_id: str = ""
-    """ECS image from which desktop VMs are created."""
+    """ECS image from which desktop VMs are created (VOLCENGINE_IMAGE_ID)."""
     subnet_id: str = ""
-    """Subnet in which desktop VMs are created."""
+    """Subnet in which desktop VMs are created (VOLCENGINE_SUBNET_ID)."""
+    security_group_id: str = ""
+    """Security group of the instances (VOLCENGINE_SECURITY_GROUP_ID)."""
+    instance_type: str = "ecs.g3il.xlarge"
+    """ECS instance type (VOLCENGINE_INSTANCE_TYPE)."""
+    zone_id: str = ""
+    """Availability zone (empty: the subnet's)."""
+    host: str = ""
+    """API host override (`127.0.0.1:PORT` for a test's stand-in; empty = open.volcengineapi.com)."""
+    scheme: Literal["https", "http"] = "https"
+    """API scheme (http only for a loopback stand-in)."""
+
+
+class AliyunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Alibaba Cloud ECS desktops (alibabacloud_ecs20140526); the region is `env.region`."""
+
+    access_key_id: str = ""
+    """AccessKey id (ALIBABA_CLOUD_ACCESS_KEY_ID)."""
+    access_key_secret: str = ""
+    """AccessKey secret (ALIBABA_CLOUD_ACCESS_KEY_SECRET)."""
+    image_id: str = ""
+    """ECS image of the desktop."""
+    vswitch_id: str = ""
+    """VSwitch (subnet) of the instances."""
+    security_group_id: str = ""
+    """Security group of the instances."""
+    instance_type: str = "ecs.g7.xlarge"
+    """ECS instance type."""
+    endpoint: str = ""
+    """API endpoint override (`127.0.0.1:PORT` for a test's stand-in; empty = ecs.<region>.aliyuncs.com)."""
+    protocol: Literal["https", "http"] = "https"
+    """API protocol (http only for a loopback stand-in)."""
 
 
 class CloudConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Per-cloud provider settings."""
+    """Cloud desktops: the lifecycle every provider shares, and each cloud's own settings."""
 
+    vm_port: Annotated[int, Meta(ge=1, le=65535)] = 5000
+    """Port of the VM server on each instance (OSWorld's: 5000)."""
+    cluster_cidr: str = ""
+    """Address range of the cluster (e.g. `10.0.0.0/16`): the only one that may reach `vm_port`. Required for
+    a cloud provider; `0.0.0.0/0` (or any public range) is refused."""
+    ttl_s: PosFloat = 86400.0
+    """Seconds an instance may live: tagged `guirl:ttl`, and a shutdown timer in its user data powers it
+    off then (a SIGKILLed cluster cannot leak instances past it); the reaper terminates it after."""
+    reset: Literal["replace_root", "relaunch"] = "replace_root"
+    """How a VM is reset: its root volume replaced from the image (keeps the instance and its address), or
+    terminate-and-relaunch (where a cloud cannot replace the root volume)."""
+    launch_rate_per_s: PosFloat = 2.0
+    """Most launch calls per second to the cloud (a token bucket, `launch_burst` deep)."""
+    launch_burst: PosInt = 4
+    """Launches that may go at once before the rate applies."""
+    launch_concurrency: PosInt = 8
+    """Instances being launched (and waited for) at once."""
+    ready_timeout_s: PosFloat = 900.0
+    """Seconds a new or reset instance has to run and answer on `vm_port`."""
+    api_attempts: PosInt = 8
+    """Attempts of one cloud call throttled or failed in passing (jittered exponential backoff)."""
+    heartbeat_s: PosFloat = 30.0
+    """Seconds between the run's heartbeats (the reaper takes a run silent for 5 of them as dead)."""
+    aws: AWSConfig = msgspec.field(default_factory=AWSConfig)
+    """AWS settings."""
     volcengine: VolcengineConfig = msgspec.field(default_factory=VolcengineConfig)
     """Volcengine settings."""
+    aliyun: AliyunConfig = msgspec.field(default_factory=AliyunConfig)
+    """Alibaba Cloud settings."""
 
 
 class DemoConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -662,11 +738,23 @@ ENV_VARS: dict[str, str] = {
     "VOLC_SECRETKEY": "cloud.volcengine.secret_key",
     "VOLCENGINE_IMAGE_ID": "cloud.volcengine.image_id",
     "VOLCENGINE_SUBNET_ID": "cloud.volcengine.subnet_id",
+    "VOLCENGINE_SECURITY_GROUP_ID": "cloud.volcengine.security_group_id",
+    "VOLCENGINE_INSTANCE_TYPE": "cloud.volcengine.instance_type",
+    "ALIBABA_CLOUD_ACCESS_KEY_ID": "cloud.aliyun.access_key_id",
+    "ALIBABA_CLOUD_ACCESS_KEY_SECRET": "cloud.aliyun.access_key_secret",
+    "GUI_CLUSTER_CIDR": "cloud.cluster_cidr",
 }
 
 # Dotted paths never written out in clear (saved configs, logs).
 SECRET_KEYS: frozenset[str] = frozenset(
-    {"wandb.key", "inference.openai.api_key", "cloud.volcengine.access_key", "cloud.volcengine.secret_key"}
+    {
+        "wandb.key",
+        "inference.openai.api_key",
+        "cloud.volcengine.access_key",
+        "cloud.volcengine.secret_key",
+        "cloud.aliyun.access_key_id",
+        "cloud.aliyun.access_key_secret",
+    }
 )
 
 REDACTED = "***"
