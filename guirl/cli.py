@@ -61,6 +61,10 @@ def _dry_run(cfg, mode: str) -> int:
         from guirl.train import check_train_config
 
         check_train_config(cfg)
+    if not (cfg.data.train if mode == "train" else cfg.data.eval):
+        from guirl.eval import check_env_provider
+
+        check_env_provider(cfg)
     placement = plan(cfg, mode)
     # the checkpoint checks the run makes first; "tiny" is built on first use, so it is taken as given here
     if cfg.model.hf_ckpt != TINY:
@@ -68,8 +72,6 @@ def _dry_run(cfg, mode: str) -> int:
     if mode == "train" and cfg.prm.enabled and cfg.model.prm_model_path != TINY:
         resolve_prm_checkpoint(cfg)
     print(placement.describe(cfg))
-    if cfg.env.provider != "local" and not cfg.data.train:
-        print(f"not built yet: env.provider {cfg.env.provider!r} (only the local provider runs so far)")
     return 0
 
 

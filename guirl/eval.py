@@ -182,6 +182,17 @@ def resolve_prm_checkpoint(cfg: GuirlConfig) -> str:
     return path
 
 
+def check_env_provider(cfg: GuirlConfig) -> None:
+    """The desktops' provider can be used as configured (a cloud's required settings, a private
+    `cloud.cluster_cidr`); InputError otherwise."""
+    from guirl.vmpool.clouds import check_cloud
+
+    try:
+        check_cloud(cfg.env.provider, cfg.cloud)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
 def broker_spec(
     cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str | None = None, placement: Any = None
 ) -> ActorSpec:
@@ -234,6 +245,7 @@ def worker_spec(
             "run_dir": str(run_dir),
             "agent": msgspec.to_builtins(cfg.agent),
             "env": msgspec.to_builtins(cfg.env),
+            **({"cloud": msgspec.to_builtins(cfg.cloud)} if cfg.env.provider != "local" else {}),
             "setup_timeout_s": cfg.eval.setup_timeout_s,
             "policy_timeout_s": cfg.inference.request_timeout_s,
             **options,
@@ -252,8 +264,8 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary."""
     e = cfg.eval
     dataset = bool(cfg.data.eval)  # GUI-R1 mode: held-out grounding rows instead of desktop tasks
-    if cfg.env.provider != "local" and not dataset:
-        raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
+    if not dataset:
+        check_env_provider(cfg)
     if dataset:
         from guirl.actors.dataset_worker import dataset_tasks
 

@@ -30,6 +30,7 @@ from guirl.eval import (
     EvalError,
     _start_or_explain,
     broker_spec,
+    check_env_provider,
     cpu_set,
     resolve_checkpoint,
     resolve_prm_checkpoint,
@@ -254,8 +255,8 @@ async def run_train(
     """Train until `train.updates` updates are made; returns (and writes) the summary. With `resume`,
     `run_dir` is a run to continue from its latest checkpoint."""
     t, e = cfg.train, cfg.eval
-    if cfg.env.provider != "local":
-        raise InputError(f"env.provider={cfg.env.provider!r}: only the local provider is built so far")
+    if not cfg.data.train and not cfg.data.eval:
+        check_env_provider(cfg)
     check_train_config(cfg)
     cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus")
     cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus")

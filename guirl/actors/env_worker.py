@@ -57,6 +57,7 @@ from guirl.messages.types import (
 )
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.pool import PoolError, VMPool
+from guirl.vmpool.provider import ProviderError
 from guirl.vmpool.tasks.evaluate import EvaluationError, evaluate
 from guirl.vmpool.tasks.model import TaskError, parse_task
 from guirl.vmpool.tasks.setup import SetupError, TaskContext, run_setup
@@ -152,6 +153,7 @@ class EnvWorker(Actor):
         prm: str = "",
         prm_history_images: int = 0,
         prm_queue: int = 256,
+        cloud: dict | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
@@ -159,6 +161,7 @@ class EnvWorker(Actor):
         self.run_dir = Path(run_dir)
         self.agent = msgspec.convert(agent or {}, AgentConfig)
         self.env = msgspec.convert(env or {}, EnvConfig)
+        self.cloud = cloud  # the `[cloud]` section (its keys stay in this process: never logged or sent on)
         self.prompt_cfg = PromptConfig.from_config(self.agent)
         self.slots = vms
         self.prewarm = prewarm
@@ -184,13 +187,7 @@ class EnvWorker(Actor):
         self.broker = self.connect("broker", self.broker_ep, PolicyChannel)
         self.learner = self.connect("learner", self.learner_ep, LearnerChannel) if self.learner_ep else None
         self.prm = self.connect("prm", self.prm_ep, PRMChannel) if self.prm_ep else None
-        if self.env.provider != "local":
-            raise ActorError(f"provider {self.env.provider!r} is not available in this build")
-        from guirl.vmpool.local import LocalProvider
-
-        self.provider = LocalProvider(
-            self.run_dir / "vms" / self.name, width=self.env.screen_width, height=self.env.screen_height
-        )
+        self.provider = self._make_provider()
         self.pool = VMPool(
             self.provider,
             tag=self.name,
@@ -200,6 +197,28 @@ class EnvWorker(Actor):
             health_interval_s=self.pool_health_interval_s,
         )
         await self.pool.start()
+
+    def _make_provider(self) -> Any:
+        """Local sandboxed desktops, or a cloud's instances (tagged with the run directory's name)."""
+        if self.env.provider == "local":
+            from guirl.vmpool.local import LocalProvider
+
+            return LocalProvider(
+                self.run_dir / "vms" / self.name, width=self.env.screen_width, height=self.env.screen_height
+            )
+        from guirl.config.schema import CloudConfig
+        from guirl.vmpool.cloud import CloudProvider, run_alive
+        from guirl.vmpool.clouds import make_cloud
+
+        cloud = msgspec.convert(self.cloud or {}, CloudConfig)
+        try:
+            api = make_cloud(self.env.provider, cloud, self.env.region)
+            runs_root = self.run_dir.parent
+            return CloudProvider(
+                api, run=self.run_dir.name, cloud=cloud, alive=lambda run: run_alive(runs_root, run)
+            )
+        except (ValueError, ProviderError) as exc:
+            raise ActorError(str(exc)) from exc
 
     async def teardown(self) -> None:
         if self.pool is not None:

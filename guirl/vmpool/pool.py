@@ -97,6 +97,9 @@ class VMPool:
     async def start(self) -> None:
         """Pre-warm `prewarm` VMs (at most `prewarm_concurrency` being created at once) and start the
         health monitor."""
+        reap = getattr(self.provider, "reap", None)
+        if reap is not None:  # a cloud's leftovers of this pool's tag, from runs that are gone
+            self.counters["reaped"] = len(await reap(self.tag))
         results = await asyncio.gather(*(self._add_vm() for _ in range(self.prewarm)), return_exceptions=True)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:  # do not leave the VMs that did start behind

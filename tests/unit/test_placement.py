@@ -25,6 +25,14 @@ SEED_VARS = (
     "PRM_MODEL_PATH",
     "GUI_RESULT_DIR",
 )
+CLOUD_ENV = {  # what the osworld configs' Volcengine desktops need from the environment
+    "GUI_CLUSTER_CIDR": "10.0.0.0/16",
+    "VOLC_ACCESSKEY": "AK-test",
+    "VOLC_SECRETKEY": "SK-test",
+    "VOLCENGINE_IMAGE_ID": "image-osworld",
+    "VOLCENGINE_SUBNET_ID": "subnet-1",
+    "VOLCENGINE_SECURITY_GROUP_ID": "sg-1",
+}
 
 
 def cfg_of(*overrides: str, env: dict[str, str] | None = None, path: Path | None = None):
@@ -293,6 +301,8 @@ def seed_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_CKPT", str(tmp_path / "ckpt"))
     monkeypatch.setenv("PRM_MODEL_PATH", str(tmp_path / "judge"))
+    for name, value in CLOUD_ENV.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -320,6 +330,28 @@ def test_dry_run_bad_split_fails_clearly(
     assert list(seed_env.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "says"),
+    [
+        ("GUI_CLUSTER_CIDR", "", "cloud.cluster_cidr is required"),
+        ("GUI_CLUSTER_CIDR", "0.0.0.0/0", "to the internet"),
+        ("GUI_CLUSTER_CIDR", "8.8.0.0/16", "to the internet"),
+        ("VOLCENGINE_IMAGE_ID", "", "cloud.volcengine.image_id"),
+    ],
+)
+def test_dry_run_checks_the_cloud_settings(
+    seed_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    name: str,
+    value: str,
+    says: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    assert main(["eval", "--config", str(CONFIGS / "osworld_qwen3vl_4b_eval.toml"), "--dry-run"]) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_dry_run_checks_the_checkpoint(
     seed_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -338,7 +370,7 @@ def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
         f"rc = main(['train', '--config', {str(CONFIGS / 'osworld_qwen3vl_8b_rl.toml')!r}, '--dry-run']); "
         "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'"
     )
-    env = {"PATH": "/usr/bin:/bin", "HF_CKPT": "/ckpt", "PYTHONPATH": str(ROOT)}
+    env = {"PATH": "/usr/bin:/bin", "HF_CKPT": "/ckpt", "PYTHONPATH": str(ROOT), **CLOUD_ENV}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
