@@ -352,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     tc = tsub.add_parser("check", help="validate task files; per domain, how many guirl fully supports")
     tc.add_argument("paths", nargs="+", metavar="PATH", help="task files, directories, or meta lists")
     tc.set_defaults(func=cmd_tasks_check)
-    p = sub.add_parser("vm", help="a local VM: screenshots, running a task with actions")
+    p = sub.add_parser("vm", help="a local VM (screenshots, running a task with actions); the cloud reaper")
     from guirl.vmpool.cli import add_arguments as vm_arguments
 
     vm_arguments(p)

@@ -284,6 +284,8 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     print(f"[eval] {len(tasks)} tasks from {source} · run directory {run_dir}", file=out)
     coord = Coordinator(
         "coordinator",
+        heartbeat_dir=str(run_dir),
+        heartbeat_s=cfg.cloud.heartbeat_s,
         tasks=tasks,
         mode="eval",
         max_attempts=e.max_attempts,

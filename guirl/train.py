@@ -350,6 +350,8 @@ async def _train(
     )
     coord = Coordinator(
         "coordinator",
+        heartbeat_dir=str(run_dir),
+        heartbeat_s=cfg.cloud.heartbeat_s,
         tasks=tasks,
         mode="train",
         n_samples=r.n_samples_per_prompt,

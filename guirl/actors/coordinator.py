@@ -103,9 +103,15 @@ class Coordinator(Actor):
         eval_tasks: list[SuiteTask] | None = None,
         eval_every: int = 0,
         eval_log: str = "",
+        heartbeat_dir: str = "",
+        heartbeat_s: float = 30.0,
         **kwargs: Any,
     ) -> None:
+        """`heartbeat_dir`: the run directory, where the run's heartbeat is written every `heartbeat_s` while
+        the coordinator runs (the cloud reaper takes a silent run's instances for leaked)."""
         super().__init__(name, **kwargs)
+        self.heartbeat_dir = Path(heartbeat_dir) if heartbeat_dir else None
+        self.heartbeat_s = heartbeat_s
         if mode not in ("eval", "train"):
             raise ValueError(f"mode must be 'eval' or 'train', got {mode!r}")
         self.mode = mode
@@ -151,6 +157,25 @@ class Coordinator(Actor):
         self.no_more_groups = False  # the learner is done: finish the evaluations, admit nothing new
 
     # -- requests ------------------------------------------------------------------------------------
+
+    async def main(self) -> None:
+        beating = asyncio.create_task(self._beat()) if self.heartbeat_dir is not None else None
+        try:
+            await super().main()
+        finally:
+            if beating is not None:
+                beating.cancel()
+
+    async def _beat(self) -> None:
+        from guirl.vmpool.cloud import write_heartbeat
+
+        assert self.heartbeat_dir is not None
+        while True:
+            try:
+                write_heartbeat(self.heartbeat_dir, self.heartbeat_dir.name, self.heartbeat_s)
+            except OSError as exc:  # a full disk must not stop the run; the reaper may then take it for dead
+                log.warning("could not write the run's heartbeat: %s", exc)
+            await asyncio.sleep(self.heartbeat_s)  # the heartbeat's period
 
     async def handle(self, req: Request) -> Message | None:
         match req.msg:

@@ -1,8 +1,10 @@
-"""`guirl vm`: a local VM for a person debugging a task.
+"""`guirl vm`: a local VM for a person debugging a task, and the cloud reaper.
 
 guirl vm shot OUT.png                      start a desktop, save a screenshot, stop
 guirl vm run TASK.json [--solution S.jsonl] [--shots DIR] [--action JSON]...
                                            set the task up, perform the actions, evaluate, print the score
+guirl vm reap --provider P [--run RUN] [--older-than D] [--dry-run] [--config FILE] [--set K=V]...
+                                           terminate guirl's instances of runs that are gone (or past TTL)
 """
 
 from __future__ import annotations
@@ -34,6 +36,71 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for p in (shot, runp):
         p.add_argument("--width", type=int, default=1920)
         p.add_argument("--height", type=int, default=1080)
+    reap = sub.add_parser(
+        "reap",
+        help="terminate guirl's cloud instances whose run is no longer alive (or past their TTL)",
+        description="Lists the instances carrying guirl's tags; an instance is reaped when its TTL has run "
+        "out, when its run's heartbeat (RUNS_DIR/RUN/heartbeat.json) has stopped, or, for a run with no "
+        "heartbeat here, when it is older than --older-than.",
+    )
+    reap.add_argument("--provider", required=True, choices=["aws", "volcengine", "aliyun"])
+    reap.add_argument("--run", default="", help="only this run's instances")
+    reap.add_argument("--older-than", default="", metavar="D", help="e.g. 90m, 6h, 2d (runs not known here)")
+    reap.add_argument("--runs-dir", default="", help="where runs' heartbeats are (default: run.root_dir)")
+    reap.add_argument("--dry-run", action="store_true", help="list what would be reaped; terminate nothing")
+    reap.add_argument("--config", help="TOML config (cloud settings); env vars and --set apply on top")
+    reap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting")
+
+
+def parse_duration(text: str) -> float:
+    """'90m', '6h', '2d', '45s' or plain seconds -> seconds; ValueError otherwise."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        if t and t[-1] in units:
+            value = float(t[:-1]) * units[t[-1]]
+        else:
+            value = float(t)
+    except ValueError:
+        raise ValueError(f"--older-than {text!r}: give a duration like 90m, 6h or 2d") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"--older-than {text!r}: must be a positive duration")
+    return value
+
+
+def reap_main(args: argparse.Namespace) -> int:
+    from guirl.config import load_config
+    from guirl.errors import InputError
+    from guirl.vmpool.cloud import reap, run_alive
+    from guirl.vmpool.clouds import make_cloud
+    from guirl.vmpool.provider import ProviderError
+
+    try:
+        older = parse_duration(args.older_than) if args.older_than else None
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    cfg = load_config(args.config, overrides=args.set)
+    runs_root = Path(args.runs_dir or cfg.run.root_dir)
+    try:
+        api = make_cloud(args.provider, cfg.cloud, cfg.env.region)
+        doomed = asyncio.run(
+            reap(
+                api,
+                run=args.run,
+                older_than_s=older,
+                alive=lambda r: run_alive(runs_root, r),
+                dry_run=args.dry_run,
+            )
+        )
+    except ProviderError as exc:
+        print(f"guirl vm reap: {exc}", file=sys.stderr)
+        return 1
+    verb = "would reap" if args.dry_run else "reaped"
+    for inst in doomed:
+        run, pool = inst.tags.get("guirl:run", "?"), inst.tags.get("guirl:pool", "?")
+        print(f"{verb} {inst.id} (run {run}, pool {pool}, {inst.state})")
+    print(json.dumps({"provider": args.provider, "dry_run": args.dry_run, "reaped": [i.id for i in doomed]}))
+    return 0
 
 
 async def _shot(args: argparse.Namespace, root: str) -> int:
@@ -96,5 +163,7 @@ async def _run(args: argparse.Namespace, root: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.vm_cmd == "reap":
+        return reap_main(args)
     with tempfile.TemporaryDirectory(prefix="guirl-vm-") as root:
         return asyncio.run(_shot(args, root) if args.vm_cmd == "shot" else _run(args, root))
