@@ -31,6 +31,7 @@ user data.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import logging
@@ -41,6 +42,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -115,8 +117,8 @@ class CloudAPI(Protocol):
         ...
 
     def replace_root(self, instance_id: str) -> None:
-        """Start replacing the root volume from the image (the instance keeps its id and address); raises
-        NotImplementedError where the cloud cannot."""
+        """Replace the root volume from the image and return once it is done and the instance runs again
+        (it keeps its id and address); raises NotImplementedError where the cloud cannot."""
         ...
 
     def check_network(self, cidr: str, port: int) -> None:
@@ -209,6 +211,12 @@ class CloudProvider:
         self.reset_s: dict[str, list[float]] = {"replace_root": [], "relaunch": []}
         self._instance_s = 0.0  # seconds of instances already gone
         self._network_checked = False
+        self._network_lock = asyncio.Lock()  # concurrent first creates check the security group once
+        # Blocking SDK calls get threads of their own: a root-volume replacement holds one for minutes, and
+        # the event loop's default executor (a few threads) would stall every launch and poll behind them.
+        self._threads = ThreadPoolExecutor(
+            max_workers=cloud.launch_concurrency + 16, thread_name_prefix=f"cloud-{api.name}"
+        )
 
     @property
     def name(self) -> str:
@@ -222,7 +230,9 @@ class CloudProvider:
         delay = 0.2
         for attempt in range(1, self.cfg.api_attempts + 1):
             try:
-                return await asyncio.to_thread(fn, *args, **kwargs)
+                return await asyncio.get_running_loop().run_in_executor(
+                    self._threads, functools.partial(fn, *args, **kwargs)
+                )
             except CloudError as exc:
                 if exc.throttled:
                     self.counters["throttled"] += 1
@@ -238,8 +248,12 @@ class CloudProvider:
     async def create(self, tag: str) -> str:
         """Launch an instance for pool `tag` and wait until its VM server answers; its id is the VM's."""
         if not self._network_checked:
-            await self._call("check_network", self.api.check_network, self.cfg.cluster_cidr, self.cfg.vm_port)
-            self._network_checked = True
+            async with self._network_lock:
+                if not self._network_checked:
+                    await self._call(
+                        "check_network", self.api.check_network, self.cfg.cluster_cidr, self.cfg.vm_port
+                    )
+                    self._network_checked = True
         started = time.monotonic()
         instance = await self._launch(tag)
         try:
