@@ -99,6 +99,18 @@ class _GuirlHandler(logging.StreamHandler):
     """Marks the handler setup_logging installed, so a later call knows it may close it."""
 
 
+QUIET_LIBRARIES = (
+    "botocore",
+    "boto3",
+    "s3transfer",
+    "urllib3",
+    "volcenginesdkcore",
+    "alibabacloud_tea_openapi",
+)
+"""Libraries whose DEBUG logs would print secrets (botocore logs request headers and session tokens): kept at
+INFO or above whatever `logging.level` says."""
+
+
 def setup_logging(
     actor: str, *, level: str = "INFO", fmt: str = "text", stream: TextIO | None = None
 ) -> logging.Logger:
@@ -119,4 +131,6 @@ def setup_logging(
     handler.setFormatter(formatters[fmt](actor, socket.gethostname()))
     root.addHandler(handler)
     root.setLevel(level.upper())
+    for name in QUIET_LIBRARIES:  # their DEBUG lines carry request headers: credentials and session tokens
+        logging.getLogger(name).setLevel(max(root.level, logging.INFO))
     return root

@@ -119,7 +119,11 @@ class VMPool:
         if self._tasks:  # let resets in flight finish before their VMs are deleted
             await asyncio.gather(*self._tasks, return_exceptions=True)
         vms, self._vms = list(self._vms.values()), {}
-        await asyncio.gather(*(self.provider.delete(v.vm_id) for v in vms), return_exceptions=True)
+        results = await asyncio.gather(*(self.provider.delete(v.vm_id) for v in vms), return_exceptions=True)
+        for vm, result in zip(vms, results, strict=True):
+            if isinstance(result, BaseException):  # a cloud VM left running until its TTL or the reaper
+                self.counters["delete_failed"] = self.counters.get("delete_failed", 0) + 1
+                log.error("could not delete VM %s on close: %s", vm.vm_id, result)
         async with self._changed:
             self._changed.notify_all()
 

@@ -17,15 +17,15 @@ def make_cloud(provider: str, cloud: Any, region: str) -> Any:
             case "aws":
                 from guirl.vmpool.clouds.aws import AWSCloud
 
-                return AWSCloud(cloud.aws, region)
+                return AWSCloud(cloud.aws, region, replace_timeout_s=cloud.ready_timeout_s)
             case "volcengine":
                 from guirl.vmpool.clouds.volcengine import VolcengineCloud
 
-                return VolcengineCloud(cloud.volcengine, region)
+                return VolcengineCloud(cloud.volcengine, region, wait_s=cloud.ready_timeout_s)
             case "aliyun":
                 from guirl.vmpool.clouds.aliyun import AliyunCloud
 
-                return AliyunCloud(cloud.aliyun, region)
+                return AliyunCloud(cloud.aliyun, region, wait_timeout_s=cloud.ready_timeout_s)
     except ImportError as exc:
         raise ProviderError(
             f"env.provider = {provider!r} needs its SDK: pip install -e '.[{provider}]' ({exc})"
