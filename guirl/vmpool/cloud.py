@@ -311,6 +311,11 @@ class CloudProvider:
     def address(self, vm_id: str) -> str:
         return self.vms[vm_id].address
 
+    async def healthy(self, vm_id: str, timeout_s: float) -> bool:
+        """The VM's server answers (the pool's periodic check)."""
+        vm = self.vms.get(vm_id)
+        return vm is not None and bool(await self._health(vm.address, timeout_s))
+
     async def reset(self, vm_id: str) -> None:
         """Replace the root volume (keeping the instance), or terminate and relaunch under the same id."""
         vm = self.vms[vm_id]

@@ -256,6 +256,9 @@ class VMPool:
             self._changed.notify_all()
 
     async def _healthy(self, vm: _VM) -> bool:
+        check = getattr(self.provider, "healthy", None)
+        if check is not None:  # the provider knows how its VMs are reached and probed
+            return bool(await check(vm.vm_id, self.health_timeout_s))
         alive = getattr(self.provider, "alive", None)
         if alive is not None and not alive(vm.vm_id):
             return False
