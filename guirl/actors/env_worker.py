@@ -223,6 +223,21 @@ class EnvWorker(Actor):
     async def teardown(self) -> None:
         if self.pool is not None:
             await self.pool.close()
+            self._write_pool_metrics()
+
+    def _write_pool_metrics(self) -> None:
+        """`pools/<worker>.json`: the pool's counts and reset latency, and its provider's own figures (a
+        cloud's launches, resets by method, failures by cause, throttled calls, instance-minutes)."""
+        assert self.pool is not None
+        figures = {"worker": self.name, "provider": self.env.provider, "pool": self.pool.metrics()}
+        provider_metrics = getattr(self.provider, "metrics", None)
+        if provider_metrics is not None:
+            figures["cloud"] = provider_metrics()
+        try:
+            (self.run_dir / "pools").mkdir(parents=True, exist_ok=True)
+            write_json_atomic(self.run_dir / "pools" / f"{self.name}.json", figures)
+        except OSError as exc:
+            log.warning("could not write the pool's figures: %s", exc)
 
     async def main(self) -> None:
         rt = self.runtime
@@ -334,7 +349,10 @@ class EnvWorker(Actor):
             task = parse_task(json.dumps(ep.task), f"assignment {ep.episode_id}")
         except TaskError as exc:
             raise EnvFault(f"the task does not parse: {exc}") from None
-        lease = await self.pool.acquire(timeout=self.setup_timeout_s)
+        try:
+            lease = await self.pool.acquire(timeout=self.setup_timeout_s)
+        finally:
+            self._write_pool_metrics()  # a VM made or not: the pool's figures as they are now
         # The lease must be beaten while the episode holds it, through every long wait (setup, a policy
         # request, the evaluator): an expired lease is taken back, reset and lent to another episode.
         keepalive = asyncio.create_task(self._keep_lease(lease), name=f"lease:{lease.lease_id}")

@@ -260,6 +260,7 @@ class CloudProvider:
             address = await self._ready(instance, started)
         except BaseException:
             await self._terminate(instance)
+            self._instance_s += time.monotonic() - started  # billed all the same
             raise
         self.vms[instance] = _VM(instance, address, tag, started)
         self.launch_s.append(time.monotonic() - started)

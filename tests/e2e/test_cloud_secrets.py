@@ -6,6 +6,7 @@ their addresses, so every episode ends as an environment fault: the run is short
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -87,5 +88,10 @@ def test_no_secret_reaches_output_logs_run_directory_or_message_logs(tmp_path: P
                 assert secret.encode() not in path.read_bytes(), (
                     f"{secret[:6]}… in {path.relative_to(run_dir)}"
                 )
+    (pool,) = (run_dir / "pools").glob("*.json")  # the provider's figures, kept at the worker's end
+    figures = json.loads(pool.read_text())
+    assert (
+        figures["provider"] == "volcengine" and figures["cloud"]["launched"] + figures["pool"]["failed"] >= 1
+    )
     config = (run_dir / "config.toml").read_text()
     assert 'access_key = "***"' in config and 'secret_key = "***"' in config
