@@ -90,8 +90,8 @@ def test_no_secret_reaches_output_logs_run_directory_or_message_logs(tmp_path: P
                 )
     (pool,) = (run_dir / "pools").glob("*.json")  # the provider's figures, kept at the worker's end
     figures = json.loads(pool.read_text())
-    assert (
-        figures["provider"] == "volcengine" and figures["cloud"]["launched"] + figures["pool"]["failed"] >= 1
-    )
+    assert figures["provider"] == "volcengine" and figures["pool"]["failed"] >= 1
+    assert figures["cloud"]["failures"].get("ready:timeout", 0) >= 1 and figures["cloud"]["terminated"] >= 1
+    assert figures["cloud"]["instance_minutes"] > 0  # a billed instance counts even if it never served
     config = (run_dir / "config.toml").read_text()
     assert 'access_key = "***"' in config and 'secret_key = "***"' in config
