@@ -17,10 +17,32 @@ Fakes here:
   learner's weight group over gloo with SGLang's store keys. Run in-process, or as a process with
   SGLang's launch flags: `python -m guirl.testing.fakes sglang --model-path DIR --port N ...` (the
   `sglang` backend's launch path, with `inference.sglang.server_command`).
+- `FakeVolcengine`: Volcengine's ECS and VPC OpenAPI (2020-04-01) as `volcenginesdkcore` speaks it
+  (`docs/cloud/volcengine-ecs.md`): `GET /` with indexed query parameters, HMAC-SHA256 (SignerV4) signatures
+  recomputed and verified, the `ResponseMetadata`/`Result` envelope; instances paced through their statuses,
+  tags, private IPs from the subnet, ClientToken idempotency, DescribeInstances pagination, stop / replace
+  system volume / start, and security groups with their rules, in memory; throttling (429
+  `AccountFlowLimitExceeded`) before or after acting, 500s and a skewed clock as faults. Point the SDK at
+  `fake.endpoint` with `scheme="http"`.
+- `FakeAWSFront`: EC2's query API for boto3 (`endpoint_url`): moto's EC2 server, started by the front, behind
+  an aiohttp front that adds what moto lacks, as EC2 behaves: RunInstances idempotent by `ClientToken`,
+  `CreateReplaceRootVolumeTask` / `DescribeReplaceRootVolumeTasks` (pending → in-progress → succeeded after
+  `replace_delay_s`, with an `on_replace_root(instance_id)` hook: tests reset a local desktop there),
+  `RequestLimitExceeded` throttling before (`throttle_rate`) or after (`throttle_after_rate`) the cloud
+  acted, and injected errors (`errors`); `calls` counts calls by action. moto's state is process-global:
+  one front per process at a time.
 """
 
 from guirl.testing.fakes._common import ReceivedRequest
+from guirl.testing.fakes.aws import FakeAWSFront
 from guirl.testing.fakes.openai import FakeOpenAIServer
 from guirl.testing.fakes.sglang import FakeSGLangServer
+from guirl.testing.fakes.volcengine import FakeVolcengine
 
-__all__ = ["FakeOpenAIServer", "FakeSGLangServer", "ReceivedRequest"]
+__all__ = [
+    "FakeAWSFront",
+    "FakeOpenAIServer",
+    "FakeSGLangServer",
+    "FakeVolcengine",
+    "ReceivedRequest",
+]
