@@ -131,3 +131,37 @@ def one_step_trajectory(
         steps=[step],
         score=1.0 if reward > 0 else 0.0,
     )
+
+
+class ServedInThread:
+    """A loopback fake (anything with async `start` / `close`) served on an event loop of its own thread,
+    for the length of a `with` block in which a subprocess (a `guirl` command) talks to it."""
+
+    def __init__(self, fake: Any) -> None:
+        self.fake = fake
+
+    def __enter__(self) -> Any:
+        import asyncio
+        import threading
+
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.fake.start(), self.loop).result(30)
+        return self.fake
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """`fn(*args)` on the fake's loop (its state is only touched there)."""
+        import asyncio
+
+        async def on_loop() -> Any:
+            return fn(*args)
+
+        return asyncio.run_coroutine_threadsafe(on_loop(), self.loop).result(30)
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self.fake.close(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)

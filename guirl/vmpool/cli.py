@@ -83,6 +83,9 @@ def reap_main(args: argparse.Namespace) -> int:
     runs_root = Path(args.runs_dir or cfg.run.root_dir)
     try:
         api = make_cloud(args.provider, cfg.cloud, cfg.env.region)
+    except (ValueError, ProviderError) as exc:  # a setting the adapter needs, or its SDK
+        raise InputError(str(exc)) from None
+    try:
         doomed = asyncio.run(
             reap(
                 api,

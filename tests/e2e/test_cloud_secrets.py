@@ -5,41 +5,23 @@ their addresses, so every episode ends as an environment fault: the run is short
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from guirl.config.schema import ENV_VARS
 from guirl.testing.fakes import FakeVolcengine
+from tests.helpers import ServedInThread
 
 ROOT = Path(__file__).resolve().parents[2]
 AK = "AKLTleakcheckACCESS0123456789"
 SK = "SKleakcheckSECRETvalue-9876543210"
 
 
-class _Serving:
-    """The stand-in on an event loop of its own thread, for the length of a subprocess run."""
-
-    def __enter__(self) -> FakeVolcengine:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.fake = FakeVolcengine(credentials={AK: SK}, boot_delay_s=0.1)
-        asyncio.run_coroutine_threadsafe(self.fake.start(), self.loop).result(30)
-        return self.fake
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.fake.close(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
 def test_no_secret_reaches_output_logs_run_directory_or_message_logs(tmp_path: Path) -> None:
-    with _Serving() as fake:
+    with ServedInThread(FakeVolcengine(credentials={AK: SK}, boot_delay_s=0.1)) as fake:
         sets = [
             f"run.root_dir={tmp_path}",
             "env.provider=volcengine",
