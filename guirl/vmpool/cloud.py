@@ -287,10 +287,15 @@ class CloudProvider:
         deadline = started + self.cfg.ready_timeout_s
         delay = 0.1
         address = ""
+        seen = False
         while True:
             if not address:
                 found = await self._call("describe", self.api.describe, ids=[instance])
                 inst = found[0] if found else None
+                if inst is None and seen:  # some clouds have no terminated state: deleted ones vanish
+                    self.failures["launch:vanished"] += 1
+                    raise ProviderError(f"{self.name} instance {instance} disappeared before it was ready")
+                seen = seen or inst is not None
                 if inst is not None and inst.state in ("terminated", "terminating", "error"):
                     self.failures["launch:" + inst.state] += 1
                     raise ProviderError(

@@ -17,6 +17,11 @@ Fakes here:
   learner's weight group over gloo with SGLang's store keys. Run in-process, or as a process with
   SGLang's launch flags: `python -m guirl.testing.fakes sglang --model-path DIR --port N ...` (the
   `sglang` backend's launch path, with `inference.sglang.server_command`).
+- `FakeAliyunECS`: Alibaba Cloud's ECS OpenAPI (2014-05-26) as `alibabacloud_ecs20140526` speaks it
+  (`docs/cloud/aliyun-ecs.md`): ACS3-HMAC-SHA256 (and RPC v1) signatures verified, dispatch on
+  `x-acs-action`, instances with their lifecycles, tags, private IPs, ClientToken idempotency,
+  AutoReleaseTime, re-imaging and security groups, in memory; throttling before or after acting, 503s and
+  a skewed clock as faults. Point the SDK at `fake.endpoint` with `protocol="http"`.
 - `FakeVolcengine`: Volcengine's ECS and VPC OpenAPI (2020-04-01) as `volcenginesdkcore` speaks it
   (`docs/cloud/volcengine-ecs.md`): `GET /` with indexed query parameters, HMAC-SHA256 (SignerV4) signatures
   recomputed and verified, the `ResponseMetadata`/`Result` envelope; instances paced through their statuses,
@@ -34,12 +39,14 @@ Fakes here:
 """
 
 from guirl.testing.fakes._common import ReceivedRequest
+from guirl.testing.fakes.aliyun import FakeAliyunECS
 from guirl.testing.fakes.aws import FakeAWSFront
 from guirl.testing.fakes.openai import FakeOpenAIServer
 from guirl.testing.fakes.sglang import FakeSGLangServer
 from guirl.testing.fakes.volcengine import FakeVolcengine
 
 __all__ = [
+    "FakeAliyunECS",
     "FakeAWSFront",
     "FakeOpenAIServer",
     "FakeSGLangServer",
