@@ -14,6 +14,15 @@ PosInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
 
 
+def _redacted_repr(self: msgspec.Struct, secrets: tuple[str, ...]) -> str:
+    """A config section's repr with its secrets shown as `***` (a logged or printed section leaks nothing)."""
+    parts = []
+    for name in self.__struct_fields__:
+        value = getattr(self, name)
+        parts.append(f"{name}={REDACTED!r}" if name in secrets and value else f"{name}={value!r}")
+    return f"{type(self).__name__}({', '.join(parts)})"
+
+
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Identity and location of one run."""
 
@@ -200,6 +209,9 @@ class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tags: list[str] = msgspec.field(default_factory=list)
     """Tags attached to each W&B run."""
 
+    def __repr__(self) -> str:
+        return _redacted_repr(self, ("key",))
+
 
 class AWSConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """AWS EC2 desktops (boto3). Credentials come from boto3's usual chain (AWS_ACCESS_KEY_ID, profiles,
@@ -241,6 +253,9 @@ class VolcengineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     scheme: Literal["https", "http"] = "https"
     """API scheme (http only for a loopback stand-in)."""
 
+    def __repr__(self) -> str:
+        return _redacted_repr(self, ("access_key", "secret_key"))
+
 
 class AliyunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Alibaba Cloud ECS desktops (alibabacloud_ecs20140526); the region is `env.region`."""
@@ -261,6 +276,9 @@ class AliyunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """API endpoint override (`127.0.0.1:PORT` for a test's stand-in; empty = ecs.<region>.aliyuncs.com)."""
     protocol: Literal["https", "http"] = "https"
     """API protocol (http only for a loopback stand-in)."""
+
+    def __repr__(self) -> str:
+        return _redacted_repr(self, ("access_key_id", "access_key_secret"))
 
 
 class CloudConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -398,6 +416,9 @@ class OpenAIBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     """Seconds one completion may take."""
     max_concurrency: PosInt = 16
     """Requests in flight to the endpoint at once."""
+
+    def __repr__(self) -> str:
+        return _redacted_repr(self, ("api_key",))
 
 
 class ScriptedBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

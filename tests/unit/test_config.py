@@ -322,3 +322,18 @@ def test_wandb_settings_round_trip_with_the_key_redacted(tmp_path: Path) -> None
     assert "k-9" not in saved.read_text()
     again = load_config(saved, env={"WANDB_KEY": "k-9"})
     assert again == cfg
+
+
+def test_sections_with_secrets_never_show_them_in_their_repr() -> None:
+    from guirl.config.schema import AliyunConfig, OpenAIBackendConfig, VolcengineConfig, WandbConfig
+
+    sections = [
+        VolcengineConfig(access_key="AKVOLC1", secret_key="SKVOLC2"),
+        AliyunConfig(access_key_id="AKALI3", access_key_secret="SKALI4"),
+        OpenAIBackendConfig(api_key="sk-OPENAI5"),
+        WandbConfig(key="WANDB6"),
+    ]
+    text = repr(sections) + repr(GuirlConfig())
+    for secret in ("AKVOLC1", "SKVOLC2", "AKALI3", "SKALI4", "sk-OPENAI5", "WANDB6"):
+        assert secret not in text
+    assert "secret_key='***'" in repr(sections[0]) and "api_key=''" in repr(OpenAIBackendConfig())
