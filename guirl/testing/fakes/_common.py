@@ -56,3 +56,33 @@ class ReceivedRequest:
     def image_sizes(self) -> list[int]:
         """Byte count of each image."""
         return [len(i) for i in self.images]
+
+
+class LoopbackServer:
+    """An aiohttp app on `host:port` (0: a free port) with start/close and `async with`; a fake says which
+    routes it serves in `_routes`."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    def _routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> Any:
+        app = web.Application()
+        self._routes(app)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        self.port = await _serve(self._runner, self.host, self.port)
+        return self
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Any:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -80,7 +80,7 @@ from urllib.parse import parse_qsl, quote
 
 from aiohttp import web
 
-from guirl.testing.fakes._common import _serve
+from guirl.testing.fakes._common import LoopbackServer
 
 VERSION = "2014-05-26"
 _REQUIRED_SIGNED = {
@@ -179,7 +179,7 @@ class FakeInstance:
     """A re-image in progress until then."""
 
 
-class FakeAliyunECS:
+class FakeAliyunECS(LoopbackServer):
     """Aliyun's ECS OpenAPI on `host:port` (0: a free port); see the module docstring."""
 
     IMAGE = "m-guirl-desktop"
@@ -248,23 +248,8 @@ class FakeAliyunECS:
         """What `Config.endpoint` takes: `host:port`, no scheme."""
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> FakeAliyunECS:
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
         app.router.add_route("*", "/", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        self.port = await _serve(self._runner, self.host, self.port)
-        return self
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeAliyunECS:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- for tests ----------------------------------------------------------------------------------------
 

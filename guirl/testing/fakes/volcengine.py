@@ -70,7 +70,7 @@ from urllib.parse import parse_qsl, quote
 
 from aiohttp import web
 
-from guirl.testing.fakes._common import _serve
+from guirl.testing.fakes._common import LoopbackServer
 
 VERSION = "2020-04-01"
 THROTTLE = ("AccountFlowLimitExceeded", "Request was denied due to account flow control.")
@@ -242,7 +242,7 @@ def _strings(params: dict[str, Any], name: str) -> list[str]:
     return value
 
 
-class FakeVolcengine:
+class FakeVolcengine(LoopbackServer):
     """Volcengine's ECS + VPC OpenAPI on `host:port` (0: a free port); see the module docstring.
 
     `credentials`: access key → secret key. One subnet (`subnet_id`, `subnet_cidr`, zone `zone_id`, VPC
@@ -302,23 +302,8 @@ class FakeVolcengine:
         """What the SDK's `Configuration.host` takes (with `scheme = "http"`)."""
         return f"{self.host}:{self.port}"
 
-    async def start(self) -> FakeVolcengine:
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
         app.router.add_get("/", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-        self.port = await _serve(self._runner, self.host, self.port)
-        return self
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> FakeVolcengine:
-        return await self.start()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- what tests look at and set up ------------------------------------------------------------------
 
