@@ -1,0 +1,1 @@
+"""Running guirl across machines: the cluster file (`spec`), and the launchers (planned)."""
