@@ -11,6 +11,7 @@
     guirl model tiny OUTDIR     write a tiny random Qwen3-VL checkpoint (tests, demos; built offline)
     guirl prm score RUN_DIR     judge every step of a finished run's episodes (study a judge, no training)
     guirl data synth|check ...  GUI grounding rows: synthesize (PIL screens), or check a .jsonl/.parquet file
+    guirl keys init DIR         CURVE keys securing a cluster's sockets (then runtime.curve_keys_dir=DIR)
     guirl sft --config FILE     supervised fine-tuning on grounding rows (GUI-R1 answers), the learner's code
     guirl version
 
@@ -247,6 +248,15 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
+def cmd_keys_init(args: argparse.Namespace) -> int:
+    from guirl.actors.security import AUTHORIZED, init_keys
+
+    keys = init_keys(args.dir, force=args.force)
+    print(f"{keys.path}: cluster key {keys.public.decode()} (authorized in {AUTHORIZED}/)")
+    print(f"copy it to every host (it holds the secret key) and set runtime.curve_keys_dir={keys.path}")
+    return 0
+
+
 def cmd_model_tiny(args: argparse.Namespace) -> int:
     from guirl.model.tiny import count_parameters, write_tiny_checkpoint
 
@@ -357,6 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     vm_arguments(p)
     p.set_defaults(func=lambda a: __import__("guirl.vmpool.cli", fromlist=["run"]).run(a))
+    p = sub.add_parser("keys", help="CURVE keys that encrypt and authenticate a cluster's sockets")
+    ksub = p.add_subparsers(dest="keys_cmd", required=True)
+    ki = ksub.add_parser("init", help="create a key directory: the cluster keypair and authorized/")
+    ki.add_argument("dir", metavar="DIR", help="directory to create (mode 0700)")
+    ki.add_argument("--force", action="store_true", help="replace an existing key directory (new keys)")
+    ki.set_defaults(func=cmd_keys_init)
     p = sub.add_parser("model", help="model checkpoints")
     msub = p.add_subparsers(dest="model_cmd", required=True)
     mt = msub.add_parser("tiny", help="write a tiny random Qwen3-VL checkpoint in Hugging Face format")

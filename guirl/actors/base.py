@@ -22,6 +22,7 @@ import zmq
 
 from guirl.actors.connection import Connection
 from guirl.actors.mailbox import Mailbox, Request
+from guirl.actors.security import CurveSecurity, load_keys
 from guirl.actors.stats import Counters
 from guirl.actors.zsock import peer_label
 from guirl.messages import Codec, CodecLimits, DiagChannel, Header, IdGen
@@ -67,6 +68,7 @@ class Actor:
         self.stopping = False
         self.ctx: zmq.Context | None = None
         self.mailbox: Mailbox | None = None
+        self.security: CurveSecurity | None = None  # CURVE + ZAP, when runtime.curve_keys_dir is set
         self._stop = asyncio.Event()
         self.stop_reason = ""
         self.completed = False  # main() returned: the actor finished its work
@@ -144,6 +146,9 @@ class Actor:
         self._pushes = asyncio.Queue(maxsize=self.runtime.inbox_max)
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         try:
+            if getattr(self.runtime, "curve_keys_dir", ""):
+                keys = load_keys(self.runtime.curve_keys_dir)
+                self.security = CurveSecurity(keys, self.ctx, self.counters, self.crash)
             if self.bind_endpoints:
                 self.mailbox = Mailbox(self, self.bind_endpoints)
                 self.endpoints = self.mailbox.endpoints
@@ -221,6 +226,8 @@ class Actor:
             conn.close()
         if self.mailbox is not None:
             self.mailbox.close()
+        if self.security is not None:  # after the sockets it secured: a mailbox never runs without ZAP
+            self.security.close()
         ctx, self.ctx = self.ctx, None
         if ctx is not None:
             # term() blocks while any socket is open; every socket above is closed with linger 0, but

@@ -68,6 +68,8 @@ class Connection:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, max(1, int(rt.reconnect_backoff_initial_s * 1000)))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(rt.reconnect_backoff_max_s * 1000)))
+        if self.actor.security is not None:
+            self.actor.security.secure_client(sock)
         sock.connect(self.endpoint)
         self._sock = AsyncSocket(
             sock,

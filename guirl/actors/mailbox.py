@@ -70,6 +70,8 @@ class Mailbox:
         sock.setsockopt(zmq.RCVHWM, rt.rcvhwm)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, actor.limits.max_frame_bytes * 2)
+        if actor.security is not None:  # before bind: no peer may get in unauthenticated
+            actor.security.secure_server(sock)
         self.endpoints: list[str] = []  # as actually bound (a tcp port 0 resolved)
         try:
             for ep in endpoints:

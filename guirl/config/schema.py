@@ -77,6 +77,9 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds an actor has to drain in-flight work on shutdown."""
     term_timeout_s: PosFloat = 2.0
     """Seconds to wait for the ZeroMQ context to terminate."""
+    curve_keys_dir: str = ""
+    """CURVE key directory (`guirl keys init DIR`): set, every mailbox is a CURVE server admitting only the
+    public keys in DIR/authorized/ (ZAP) and every connection a CURVE client; empty = no encryption."""
 
 
 class CodecConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
