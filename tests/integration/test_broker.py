@@ -269,6 +269,10 @@ def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(scri
             seen[self.name] = spec
             self.policy_version = version
 
+        async def health(self):
+            return self.name not in down_engines
+
+    down_engines: set[str] = set()
     engines = [TP("a", 2), TP("b", 4), TP("c", 1)]
     group = {"host": "127.0.0.1", "port": 1234, "world_size": 8, "layout": "sglang"}
     buckets = [{"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 2]]}]
@@ -286,6 +290,7 @@ def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(scri
     seen.clear()
 
     async def down(broker, conn):
+        down_engines.add("b")  # its health check fails from now on: the health loop keeps it down
         broker.models["policy"].slots[1].healthy = False
         stats = await conn.request(StatsRequest())
         assert stats.counters["weights.live_ranks"] == 3
