@@ -290,8 +290,11 @@ def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(scri
     seen.clear()
 
     async def down(broker, conn):
-        down_engines.add("b")  # its health check fails from now on: the health loop keeps it down
-        broker.models["policy"].slots[1].healthy = False
+        down_engines.add("b")  # its health check fails from now on: the health loop takes it down
+        deadline = asyncio.get_running_loop().time() + 10
+        while broker.models["policy"].slots[1].healthy:  # the loop's verdict, polled (it runs every 0.2 s)
+            assert asyncio.get_running_loop().time() < deadline, "the health loop never marked b down"
+            await asyncio.sleep(0.05)
         stats = await conn.request(StatsRequest())
         assert stats.counters["weights.live_ranks"] == 3
         with pytest.raises(RemoteError, match="healthy engines take 4"):
