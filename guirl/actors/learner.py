@@ -42,6 +42,7 @@ from guirl.messages.types import (
     Trajectory,
     WeightsPublished,
 )
+from guirl.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -531,7 +532,7 @@ class Learner(Actor):
         if self._group is None:
             self._group = WeightGroupSpec(
                 host="127.0.0.1",
-                port=_free_port(),
+                port=free_port(),
                 world_size=1 + ranks,
                 timeout_s=min(120.0, self.runtime.request_timeout_s),
                 backend=self.weight_backend,  # type: ignore[arg-type]
@@ -679,14 +680,6 @@ def _cast(state: dict[str, Any], dtype: str) -> dict[str, Any]:
         return state
     target = getattr(torch, dtype)
     return {k: v.to(target) if v.is_floating_point() else v for k, v in state.items()}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _version(ckpt: Path) -> int:

@@ -37,7 +37,6 @@ import functools
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -60,6 +59,7 @@ from guirl.inference.base import (
 )
 from guirl.inference.openai import error_message, read_capped
 from guirl.messages.types import ImagePart
+from guirl.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -98,12 +98,6 @@ class LaunchSpec:
         if self.context_length:
             cmd += ["--context-length", str(self.context_length)]
         return cmd + list(self.extra_args)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class SGLangEngine:

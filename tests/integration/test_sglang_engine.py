@@ -377,6 +377,6 @@ def test_a_server_that_dies_while_starting_fails_with_its_log(ckpt: Path, tmp_pa
 
 
 def _port() -> int:
-    from guirl.inference.sglang import free_port
+    from guirl.net import free_port
 
     return free_port()
