@@ -42,7 +42,7 @@ from guirl.messages.types import (
     Trajectory,
     WeightsPublished,
 )
-from guirl.net import free_port
+from guirl.net import free_port, host_address
 
 log = logging.getLogger(__name__)
 
@@ -531,8 +531,8 @@ class Learner(Actor):
             self._group = self._sender = None
         if self._group is None:
             self._group = WeightGroupSpec(
-                host="127.0.0.1",
-                port=free_port(),
+                host=host_address(),  # the learner host's cluster address (loopback on one machine)
+                port=free_port(host_address()),
                 world_size=1 + ranks,
                 timeout_s=min(120.0, self.runtime.request_timeout_s),
                 backend=self.weight_backend,  # type: ignore[arg-type]

@@ -42,6 +42,8 @@ class ActorSpec(msgspec.Struct, kw_only=True):
     env: dict[str, str] = {}
     """Environment variables set in the process before anything else runs (e.g. the learner's
     `CUDA_VISIBLE_DEVICES`, from the GPU placement)."""
+    host: str = ""
+    """The cluster host it runs on (its launcher starts it there); empty: a child of the supervisor."""
 
 
 def resolve_target(target: str) -> type:

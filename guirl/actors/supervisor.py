@@ -1,5 +1,6 @@
-"""The supervisor: starts actor processes (spawn), waits for them to be ready, restarts crashed ones with
-exponential backoff, reports every start/exit/restart as an event, and stops them gracefully.
+"""The supervisor: starts actor processes (spawned children, or through a cluster host's launcher: ssh,
+srun — `guirl.cluster.launch`), waits for them to be ready, restarts crashed ones with exponential backoff,
+reports every start/exit/restart as an event, and stops them gracefully.
 
 A restarted actor rebinds the endpoints its first incarnation actually bound (a random tcp port stays
 the same), so its peers' connections find it again.
@@ -10,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing as mp
-import os
 import signal
 import time
 from collections import deque
@@ -20,11 +19,12 @@ from typing import Any
 
 import msgspec
 
-from guirl.actors.process import ActorSpec, actor_main
+from guirl.actors.process import ActorSpec
+from guirl.cluster.launch import ActorStartError, LocalLauncher
 from guirl.config import GuirlConfig
 
+__all__ = ["ActorHandle", "ActorStartError", "Supervisor", "SupervisorEvent"]
 log = logging.getLogger(__name__)
-_spawn = mp.get_context("spawn")
 
 
 @dataclass(frozen=True)
@@ -40,20 +40,16 @@ class SupervisorEvent:
     at: float = field(default_factory=time.time)
 
 
-class ActorStartError(RuntimeError):
-    """An actor process died or stayed silent before reporting ready."""
-
-
 @dataclass
 class ActorHandle:
-    """A supervised actor: its spec, current process, actual endpoints, restart history."""
+    """A supervised actor: its spec, current process (`guirl.cluster.launch.ActorProcess`), actual
+    endpoints, restart history."""
 
     spec: ActorSpec
     process: Any = None
     endpoints: list[str] = field(default_factory=list)
     restarts: int = 0
     recent_exits: deque = field(default_factory=deque)
-    conn: Any = None  # the pipe the process reports on (ready, then its exit reason)
     stopping: bool = False
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     watcher: asyncio.Task | None = None
@@ -64,31 +60,20 @@ class ActorHandle:
 
     @property
     def alive(self) -> bool:
-        return self.process is not None and self.process.is_alive()
-
-
-async def _wait_fd(fd: int | list[int], timeout: float | None) -> bool:
-    """True once one of the fds is readable (a pipe message or a process sentinel), False on timeout."""
-    loop = asyncio.get_running_loop()
-    fut = loop.create_future()
-    fds = fd if isinstance(fd, list) else [fd]
-    for f in fds:
-        loop.add_reader(f, lambda: fut.done() or fut.set_result(None))
-    try:
-        await asyncio.wait_for(fut, timeout)
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        for f in fds:
-            loop.remove_reader(f)
+        return self.process is not None and self.process.alive()
 
 
 class Supervisor:
     """Owns a set of actor processes for one run. Use `async with Supervisor(cfg) as sup:`."""
 
-    def __init__(self, cfg: GuirlConfig, *, run_dir: str = "") -> None:
+    def __init__(
+        self, cfg: GuirlConfig, *, run_dir: str = "", launchers: dict[str, Any] | None = None
+    ) -> None:
+        """`launchers`: host name -> `guirl.cluster.launch.Launcher`; an actor whose spec names a host
+        starts through that host's launcher, every other one as a local child."""
         self.cfg = cfg
+        self.launchers = launchers or {}
+        self._local = LocalLauncher()
         self.sc = cfg.supervisor
         self.run_dir = run_dir
         self.actors: dict[str, ActorHandle] = {}
@@ -120,50 +105,21 @@ class Supervisor:
     async def _spawn(self, handle: ActorHandle, spec: ActorSpec) -> None:
         if not spec.run_dir and self.run_dir:
             spec = msgspec.structs.replace(spec, run_dir=self.run_dir)
-        recv_conn, send_conn = _spawn.Pipe(duplex=False)
-        proc = _spawn.Process(
-            target=actor_main,
-            name=f"guirl:{spec.name}",
-            args=(msgspec.msgpack.encode(spec), self._cfg_bytes, send_conn, os.getpid()),
-        )
-        proc.start()
-        send_conn.close()
+        if spec.host and spec.host not in self.launchers:
+            raise ActorStartError(f"actor {spec.name}: no launcher for host {spec.host!r}")
+        launcher = self.launchers.get(spec.host, self._local)
+        if handle.process is not None:
+            handle.process.close()
+        proc = launcher.start(msgspec.msgpack.encode(spec), self._cfg_bytes, spec.name)
         handle.process = proc
-        if handle.conn is not None:
-            handle.conn.close()
-        handle.conn = recv_conn  # stays open: a clean exit reports its reason on it
         try:
-            deadline = time.monotonic() + self.sc.start_timeout_s
-            while not recv_conn.poll():
-                remaining = deadline - time.monotonic()
-                if not proc.is_alive():
-                    raise ActorStartError(f"actor {spec.name} exited with {proc.exitcode} before ready")
-                if remaining <= 0:
-                    raise ActorStartError(f"actor {spec.name} not ready within {self.sc.start_timeout_s} s")
-                # wake on either the ready message or the process dying
-                await _wait_fd([recv_conn.fileno(), proc.sentinel], remaining)
-            try:
-                info = msgspec.msgpack.decode(recv_conn.recv_bytes())
-            except EOFError:
-                raise ActorStartError(f"actor {spec.name} exited before ready") from None
+            info = await proc.ready(spec.name, self.sc.start_timeout_s)
         except BaseException:  # not ready, or our caller gave up (cancelled): leave no orphan behind
-            if proc.is_alive():
-                proc.kill()
-            await asyncio.to_thread(proc.join, 10.0)
+            proc.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), 10.0)
             raise
         handle.endpoints = list(info["endpoints"])
-
-    @staticmethod
-    def _exit_info(handle: ActorHandle) -> dict:
-        """What a cleanly exiting actor said about why it stopped (empty if it said nothing)."""
-        conn = handle.conn
-        try:
-            if conn is not None and conn.poll():
-                info = msgspec.msgpack.decode(conn.recv_bytes())
-                return info if isinstance(info, dict) else {}
-        except (EOFError, OSError, msgspec.DecodeError):
-            pass
-        return {}
 
     async def start(self, spec: ActorSpec) -> ActorHandle:
         """Start an actor and wait until it is ready; its endpoints are in the returned handle."""
@@ -179,13 +135,11 @@ class Supervisor:
     async def _watch(self, handle: ActorHandle) -> None:
         name = handle.spec.name
         while True:
-            await _wait_fd(handle.process.sentinel, None)
-            handle.process.join()
-            code = handle.process.exitcode
+            code = await handle.process.wait()
             if handle.stopping:
                 self._emit(SupervisorEvent("stopped", name, handle.pid, code, handle.restarts))
                 return
-            info = self._exit_info(handle) if code == 0 else {}
+            info = handle.process.exit_info() if code == 0 else {}
             if info.get("exit") == "completed":  # its main returned: the work is done
                 self._emit(SupervisorEvent("completed", name, handle.pid, code, handle.restarts))
                 return
@@ -257,22 +211,23 @@ class Supervisor:
         handle.stop_requested.set()
         timeout = self.sc.stop_timeout_s if timeout is None else timeout
         proc = handle.process
-        if proc is not None and proc.is_alive():
+        if proc is not None and proc.alive():
             proc.terminate()
         if handle.watcher is not None and not handle.watcher.done():
             try:
                 await asyncio.wait_for(asyncio.shield(handle.watcher), timeout)
             except TimeoutError:
                 log.warning("actor %s did not stop within %.1f s; killing it", name, timeout)
-                if handle.process is not None and handle.process.is_alive():
+                if handle.process is not None:
                     handle.process.kill()
                 await asyncio.wait_for(handle.watcher, 10.0)
-        elif proc is not None:
-            await asyncio.to_thread(proc.join, timeout)
+        elif proc is not None and proc.alive():
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), timeout)
         del self.actors[name]
-        if handle.conn is not None:
-            handle.conn.close()
         proc = handle.process
+        if proc is not None:
+            proc.close()
         return proc.exitcode if proc is not None else None
 
     async def stop_all(self) -> None:
@@ -280,6 +235,6 @@ class Supervisor:
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
         """Send a signal to an actor's process (fault injection in tests and the demo)."""
-        pid = self.actors[name].pid
-        os.kill(pid, sig)
-        return pid
+        handle = self.actors[name]
+        handle.process.signal(sig)
+        return handle.pid

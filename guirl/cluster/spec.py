@@ -88,6 +88,8 @@ class Host(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`ssh` launcher: extra `-o` options (e.g. `IdentityFile=...`)."""
     slurm_args: list[str] = msgspec.field(default_factory=list)
     """`slurm` launcher: extra `srun` arguments (partition, account, ...)."""
+    slurm_node: str = ""
+    """`slurm` launcher: the Slurm node name of this host (`srun --nodelist`; empty: any node)."""
 
 
 class Role(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

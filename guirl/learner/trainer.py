@@ -469,12 +469,11 @@ def spawn_followers(
     """Start ranks 1..world-1 on this machine; returns the processes, rank 0's rendezvous (torchrun's
     variables) and its store, already listening on its port (for `Trainer.load`). Their output goes to
     `log_dir/learner-rank<i>.log`."""
-    from torch.distributed import TCPStore
+    from guirl.net import listening_store
 
-    # rank 0's store listens before the followers are told its port: no free-port probe, no race
-    store = TCPStore(
-        "127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s)
-    )
+    # rank 0's store listens (on loopback only) before the followers are told its port: no free-port
+    # probe, no race
+    store = listening_store("127.0.0.1", 0, world, timedelta(seconds=timeout_s), wait_for_workers=False)
     port = store.port
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []

@@ -34,6 +34,8 @@ import msgspec
 import torch
 import torch.distributed as dist
 
+from guirl.net import gloo_group, listening_store
+
 Backend = Literal["gloo", "nccl"]
 DEFAULT_BUCKET_BYTES = 64 << 20
 _IN_PLACE_BYTES = 1 << 20  # a tensor this large goes alone, without packing (see the module docstring)
@@ -177,9 +179,12 @@ class _Group:
                 _wait_for_listener(spec)  # bounded: the store client's own retries take ~3x its timeout
             left = timedelta(seconds=max(1.0, spec.timeout_s - (time.monotonic() - start)))
             # is_master waits (wait_for_workers) until all world_size members have connected, or times out.
-            self.store = dist.TCPStore(
-                spec.host, spec.port, spec.world_size, is_master=rank == 0, timeout=left
-            )
+            if rank == 0:  # listening on the group's host only (a plain TCPStore binds every interface)
+                self.store = listening_store(spec.host, spec.port, spec.world_size, left)
+            else:
+                self.store = dist.TCPStore(
+                    spec.host, spec.port, spec.world_size, is_master=False, timeout=left
+                )
             prefixed = dist.PrefixStore(spec.group_name, self.store)
             if spec.layout == "sglang":
                 # SGLang joins with init_custom_process_group: PrefixStore(group_name), then torch's
@@ -189,7 +194,7 @@ class _Group:
                     f"{device_type}/", dist.PrefixStore(f"{spec.group_name}/", prefixed)
                 )
             if spec.backend == "gloo":
-                self.pg: Any = dist.ProcessGroupGloo(prefixed, rank, spec.world_size, timeout)
+                self.pg: Any = gloo_group(prefixed, rank, spec.world_size, timeout)
             else:
                 self.pg = _nccl_group(prefixed, rank, spec.world_size, timeout)
                 self.device = torch.device("cuda", torch.cuda.current_device())

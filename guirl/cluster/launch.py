@@ -1,0 +1,401 @@
+"""Starting actor processes on a cluster's hosts: one interface, three launchers.
+
+The supervisor asks a `Launcher` for a process and gets an `ActorProcess` back: it waits for the process
+to report ready (its bound endpoints), waits for it to exit (and why), and stops or kills it. What differs
+between hosts is only how the process is started:
+
+- `local`: a `spawn`ed child of this process, readiness and exit reason on a pipe (`SpawnProcess`);
+- `ssh`: the OpenSSH client runs `PYTHON -m guirl.cluster.agent` on the host (`CommandProcess`);
+- `slurm`: `srun` runs the same agent as a job step on the host's node (`CommandProcess`).
+
+The agent reads the actor's spec and the run's config as one line on stdin, reports on stdout (a JSON line
+when ready, one when it exits cleanly) and logs on stderr. Its stdin stays open for as long as the
+supervisor wants it: EOF (the launcher exited, was killed, or its SSH connection or `srun` died) stops the
+actor — the cross-host counterpart of the local children's parent-death signal. Every agent's command line
+carries `--cluster NAME --host HOST`, which is how `bin/launch_cluster --down` finds leftovers on a host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import ctypes
+import json
+import logging
+import multiprocessing as mp
+import os
+import shlex
+import signal
+import sys
+import time
+from collections import deque
+from typing import Any, Protocol
+
+import msgspec
+
+from guirl.cluster.spec import Host
+
+log = logging.getLogger(__name__)
+_spawn = mp.get_context("spawn")
+AGENT_MODULE = "guirl.cluster.agent"
+
+
+class ActorStartError(RuntimeError):
+    """An actor process died or stayed silent before reporting ready."""
+
+
+async def _wait_fd(fd: int | list[int], timeout: float | None) -> bool:
+    """True once one of the fds is readable (a pipe message or a process sentinel), False on timeout."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    fds = fd if isinstance(fd, list) else [fd]
+    for f in fds:
+        loop.add_reader(f, lambda: fut.done() or fut.set_result(None))
+    try:
+        await asyncio.wait_for(fut, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        for f in fds:
+            loop.remove_reader(f)
+
+
+class ActorProcess(Protocol):
+    """One incarnation of an actor, however it was started."""
+
+    pid: int
+    """The actor's pid on its host (0 before it reported ready, if it runs elsewhere)."""
+    exitcode: int | None
+
+    def alive(self) -> bool: ...
+    async def ready(self, name: str, timeout: float) -> dict: ...
+    async def wait(self) -> int | None: ...
+    def exit_info(self) -> dict: ...
+    def terminate(self) -> None: ...
+    def kill(self) -> None: ...
+    def signal(self, sig: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class Launcher(Protocol):
+    host: str
+
+    def start(self, spec_bytes: bytes, cfg_bytes: bytes, name: str) -> ActorProcess: ...
+
+
+# -- local: spawned children ------------------------------------------------------------------------
+
+
+class SpawnProcess:
+    """A `spawn`ed child running `guirl.actors.process.actor_main`; it reports on a pipe."""
+
+    def __init__(self, spec_bytes: bytes, cfg_bytes: bytes, name: str) -> None:
+        from guirl.actors.process import actor_main
+
+        self.conn, send_conn = _spawn.Pipe(duplex=False)
+        self.process = _spawn.Process(
+            target=actor_main, name=f"guirl:{name}", args=(spec_bytes, cfg_bytes, send_conn, os.getpid())
+        )
+        self.process.start()
+        send_conn.close()  # ours stays open: a clean exit reports its reason on it
+        self.pid = self.process.pid or 0
+        self.exitcode: int | None = None
+
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    async def ready(self, name: str, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll():
+            remaining = deadline - time.monotonic()
+            if not self.process.is_alive():
+                raise ActorStartError(f"actor {name} exited with {self.process.exitcode} before ready")
+            if remaining <= 0:
+                raise ActorStartError(f"actor {name} not ready within {timeout} s")
+            await _wait_fd([self.conn.fileno(), self.process.sentinel], remaining)  # ready, or dead
+        try:
+            return msgspec.msgpack.decode(self.conn.recv_bytes())
+        except EOFError:
+            raise ActorStartError(f"actor {name} exited before ready") from None
+
+    async def wait(self) -> int | None:
+        """Its exit code (the caller alone waits on the process: an fd has one reader per loop)."""
+        await _wait_fd(self.process.sentinel, None)
+        self.process.join()
+        self.exitcode = self.process.exitcode
+        return self.exitcode
+
+    def exit_info(self) -> dict:
+        try:
+            if self.conn.poll():
+                info = msgspec.msgpack.decode(self.conn.recv_bytes())
+                return info if isinstance(info, dict) else {}
+        except (EOFError, OSError, msgspec.DecodeError):
+            pass
+        return {}
+
+    def terminate(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class LocalLauncher:
+    """Processes on this machine, as children of the supervising process."""
+
+    def __init__(self, host: str = "local") -> None:
+        self.host = host
+
+    def start(self, spec_bytes: bytes, cfg_bytes: bytes, name: str) -> SpawnProcess:
+        return SpawnProcess(spec_bytes, cfg_bytes, name)
+
+
+# -- ssh and slurm: an agent command whose stdio is the channel --------------------------------------
+
+
+def _die_with_us() -> None:  # runs in the child before exec: the client dies if the launcher does
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def agent_payload(spec_bytes: bytes, cfg_bytes: bytes) -> bytes:
+    """The agent's first stdin line: the spec and config, msgpack, base64 (no newline inside)."""
+    return base64.b64encode(msgspec.msgpack.encode([spec_bytes, cfg_bytes])) + b"\n"
+
+
+class CommandProcess:
+    """An actor run by `argv` (ssh or srun around the agent); the command's stdio carries its reports."""
+
+    TAIL = 40
+
+    def __init__(
+        self, argv: list[str], payload: bytes, name: str, *, env: dict[str, str] | None = None
+    ) -> None:
+        self.argv, self.payload, self.name, self.env = argv, payload, name, env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid = 0
+        self.client_pid = 0
+        self.exitcode: int | None = None
+        self.tail: deque[str] = deque(maxlen=self.TAIL)
+        self.reports: asyncio.Queue[dict] = asyncio.Queue()
+        self._exit: dict = {}
+        self._tasks: list[asyncio.Task] = []
+
+    async def _start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            preexec_fn=_die_with_us,
+            start_new_session=True,  # a Ctrl-C at the terminal reaches the launcher, which stops us in order
+            env=self.env,
+            limit=1 << 20,
+        )
+        self.client_pid = self.proc.pid
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(self.payload)
+        with contextlib.suppress(ConnectionError):
+            await self.proc.stdin.drain()
+        self._tasks = [
+            asyncio.create_task(self._read_reports(), name=f"reports:{self.name}"),
+            asyncio.create_task(self._read_log(), name=f"log:{self.name}"),
+        ]
+
+    async def _read_reports(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").strip()
+            try:
+                report = json.loads(line)
+            except ValueError:
+                report = None
+            if not isinstance(report, dict):  # something else printed on stdout: it is log, not a report
+                self._log_line(line)
+                continue
+            if "exit" in report:
+                self._exit = report
+            await self.reports.put(report)
+
+    async def _read_log(self) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        async for raw in self.proc.stderr:
+            self._log_line(raw.decode("utf-8", "replace").rstrip("\n"))
+
+    def _log_line(self, line: str) -> None:
+        if not line:
+            return
+        self.tail.append(line)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(line + "\n")  # the actor's log, as a local child's would be
+
+    def log_tail(self) -> str:
+        return "\n".join(self.tail)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def ready(self, name: str, timeout: float) -> dict:
+        if self.proc is None:
+            try:
+                await self._start()
+            except OSError as exc:
+                raise ActorStartError(f"actor {name}: cannot run {self.argv[0]!r}: {exc}") from None
+        assert self.proc is not None
+        exited = asyncio.create_task(self.proc.wait())
+        report_task = asyncio.create_task(self.reports.get())
+        try:
+            done, _ = await asyncio.wait(
+                {exited, report_task}, timeout=timeout, return_when="FIRST_COMPLETED"
+            )
+            if report_task in done and "ready" in report_task.result():
+                report = report_task.result()
+                self.pid = int(report.get("pid", 0))
+                return report
+            if exited in done or report_task in done:
+                await asyncio.gather(*self._tasks, return_exceptions=True)  # the whole log
+                raise ActorStartError(
+                    f"actor {name} exited with {self.proc.returncode} before ready; its log ends:\n"
+                    f"{self.log_tail() or '(nothing)'}"
+                )
+            raise ActorStartError(
+                f"actor {name} not ready within {timeout} s; its log ends:\n{self.log_tail() or '(nothing)'}"
+            )
+        finally:
+            for task in (exited, report_task):
+                task.cancel()
+
+    async def wait(self) -> int | None:
+        assert self.proc is not None
+        code = await self.proc.wait()
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # its last reports and log lines
+        self.exitcode = code
+        return code
+
+    def exit_info(self) -> dict:
+        return self._exit
+
+    def terminate(self) -> None:
+        """Close its stdin: the agent stops the actor gracefully (as a local child does on SIGTERM)."""
+        if self.proc is not None and self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+
+    def kill(self) -> None:
+        """Kill the client (ssh/srun): the agent sees EOF and stops; a step left behind is `--down`'s."""
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+
+
+def agent_argv(python: str, cluster: str, host: str, name: str) -> list[str]:
+    return [python, "-m", AGENT_MODULE, "--cluster", cluster, "--host", host, "--actor", name]
+
+
+class CommandLauncher:
+    """Common part of `ssh` and `slurm`: the agent command wrapped by the host's launcher command."""
+
+    def __init__(self, name: str, host: Host, cluster: str) -> None:
+        self.host, self.spec, self.cluster = name, host, cluster
+
+    @property
+    def python(self) -> str:
+        return self.spec.python or sys.executable
+
+    def agent_env(self) -> dict[str, str]:
+        from guirl.net import HOST_ADDRESS_ENV
+
+        return {HOST_ADDRESS_ENV: self.spec.address, "PYTHONUNBUFFERED": "1"}
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, spec_bytes: bytes, cfg_bytes: bytes, name: str) -> CommandProcess:
+        argv = self.wrap(agent_argv(self.python, self.cluster, self.host, name))
+        return CommandProcess(argv, agent_payload(spec_bytes, cfg_bytes), name)
+
+    def run_argv(self, argv: list[str]) -> list[str]:
+        """A one-off command on the host (the teardown's), wrapped as the agent's would be."""
+        return self.wrap(argv)
+
+
+class SSHLauncher(CommandLauncher):
+    """The OpenSSH client: `ssh [-p PORT] [-o ...] [USER@]ADDRESS 'cd WORKDIR && exec env ... CMD'`."""
+
+    def ssh_base(self) -> list[str]:
+        h = self.spec
+        argv = [
+            "ssh",
+            "-T",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ServerAliveInterval=5",
+            "-o",
+            "ServerAliveCountMax=3",
+        ]
+        argv += ["-p", str(h.ssh_port)]
+        for opt in h.ssh_options:
+            argv += ["-o", opt]
+        argv.append(f"{h.ssh_user}@{h.address}" if h.ssh_user else h.address)
+        return argv
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        env = [f"{k}={v}" for k, v in self.agent_env().items()]
+        remote = shlex.join(["env", *env, *argv])
+        if self.spec.workdir:
+            remote = f"cd {shlex.quote(self.spec.workdir)} && exec {remote}"
+        else:
+            remote = f"exec {remote}"
+        return [*self.ssh_base(), remote]
+
+
+class SlurmLauncher(CommandLauncher):
+    """`srun`: one job step per actor on the host's node, named `guirl-<cluster>` (what `--down` cancels)."""
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        h = self.spec
+        out = [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--job-name={job_name(self.cluster)}",
+            "--kill-on-bad-exit=1",
+        ]
+        out.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in self.agent_env().items()))
+        if h.slurm_node:
+            out.append(f"--nodelist={h.slurm_node}")
+        if h.workdir:
+            out.append(f"--chdir={h.workdir}")
+        return [*out, *h.slurm_args, *argv]
+
+
+def job_name(cluster: str) -> str:
+    return f"guirl-{cluster}"
+
+
+def make_launcher(name: str, host: Host, cluster: str) -> Any:
+    if host.launcher == "local":
+        return LocalLauncher(name)
+    if host.launcher == "ssh":
+        return SSHLauncher(name, host, cluster)
+    return SlurmLauncher(name, host, cluster)
