@@ -126,7 +126,9 @@ def domain_table(results: list[TaskResult]) -> tuple[dict[str, dict], str]:
 # -- the run -----------------------------------------------------------------------------------------
 
 
-async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: TextIO) -> None:
+async def _progress(
+    coord: Coordinator, sup: Supervisor, interval: float, out: TextIO, status: Any = None
+) -> None:
     """Print progress until every task has its final result; fail if an actor cannot be kept up."""
     tty = out.isatty()
     last = ""
@@ -137,6 +139,8 @@ async def _progress(coord: Coordinator, sup: Supervisor, interval: float, out: T
             await with_timeout
         except TimeoutError:
             pass
+        if status is not None:
+            status.maybe(sup, coord)
         gave_up = [e for e in sup.history if e.kind == "gave_up"]
         if gave_up:
             raise EvalError(f"actor {gave_up[0].name} kept crashing ({gave_up[0].detail}); see its log")
@@ -260,8 +264,15 @@ async def _start_or_explain(sup: Supervisor, spec: ActorSpec) -> Any:
         raise EvalError(f"the {spec.name} did not start: {exc}; see its log above") from exc
 
 
-async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout) -> dict:
-    """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary."""
+async def run_eval(
+    cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout, cluster: Any = None
+) -> dict:
+    """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary. `cluster`
+    (`guirl.cluster.run.ClusterRun`) places the actors on hosts; none: this machine's one-host cluster."""
+    from guirl.cluster.run import ClusterRun, StatusPrinter
+
+    cluster = cluster or ClusterRun.local(cfg)
+    cfg = cluster.apply(cfg)
     e = cfg.eval
     dataset = bool(cfg.data.eval)  # GUI-R1 mode: held-out grounding rows instead of desktop tasks
     if not dataset:
@@ -297,25 +308,31 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
     )
     coord_task = await coord.start()
     try:
-        async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(sup, broker_spec(cfg, ckpt, run_dir, placement=placement))
+        async with Supervisor(cfg, run_dir=str(run_dir), launchers=cluster.launchers) as sup:
+            broker = await _start_or_explain(
+                sup, cluster.place(broker_spec(cfg, ckpt, run_dir, placement=placement), "broker")
+            )
             print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
-            vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
+            vms = [n for _, n in cluster.slots]
             prewarm = vm_split(cfg.env.prewarm_envs, e.workers) if cfg.env.prewarm_envs else [0] * e.workers
+
+            def make_worker(i: int, vms_i: int, prewarm_i: int = 0) -> ActorSpec:
+                return worker_spec(
+                    cfg,
+                    i,
+                    run_dir,
+                    coordinator=coord.endpoints[0],
+                    broker=broker.endpoints[0],
+                    vms=vms_i,
+                    prewarm=min(vms_i, prewarm_i),
+                    fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1,
+                    dataset=dataset,
+                )
+
             try:
                 async with asyncio.TaskGroup() as tg:
-                    for i in range(e.workers):
-                        spec = worker_spec(
-                            cfg,
-                            i,
-                            run_dir,
-                            coordinator=coord.endpoints[0],
-                            broker=broker.endpoints[0],
-                            vms=vms[i],
-                            prewarm=min(vms[i], prewarm[i]),
-                            fault_kill_vm_at_step=e.fault_kill_vm_at_step if i == 0 else -1,
-                            dataset=dataset,
-                        )
+                    for i, (host, vms_i) in enumerate(cluster.slots):
+                        spec = cluster.on_host(make_worker(i, vms_i, prewarm[i]), host)
                         tg.create_task(sup.start(spec))
             except* Exception as group:  # say which worker and why, not a traceback of the task group
                 first = group.exceptions[0]
@@ -323,9 +340,13 @@ async def run_eval(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO
             print(
                 f"[eval] {e.workers} env worker(s), {sum(vms)} VMs ({'/'.join(map(str, vms))}) up", file=out
             )
-            await _progress(coord, sup, e.progress_interval_s, out)
+            await cluster.serve(sup, make_worker, out)
+            status = StatusPrinter(cluster, cluster.status_interval_s, out)
+            await _progress(coord, sup, e.progress_interval_s, out, status)
+            await cluster.close()
             await sup.stop_all()
     finally:
+        await cluster.close()
         coord.request_shutdown("eval done")
         await coord_task
     elapsed = time.monotonic() - started

@@ -34,7 +34,6 @@ from guirl.eval import (
     cpu_set,
     resolve_checkpoint,
     resolve_prm_checkpoint,
-    vm_split,
     worker_spec,
 )
 from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
@@ -169,7 +168,13 @@ def prm_spec(cfg: GuirlConfig, run_dir: Path, broker: str, learner: Any) -> Acto
 
 
 async def _follow(
-    coord: Coordinator, sup: Supervisor, cfg: GuirlConfig, run_dir: Path, out: TextIO, tracking: _Tracking
+    coord: Coordinator,
+    sup: Supervisor,
+    cfg: GuirlConfig,
+    run_dir: Path,
+    out: TextIO,
+    tracking: _Tracking,
+    status: Any = None,
 ) -> None:
     """Print progress (and log it to W&B) until the learner has made its updates; fail if an actor cannot
     be kept up."""
@@ -183,6 +188,8 @@ async def _follow(
         except TimeoutError:
             pass
         tracking.poll(coord, started)
+        if status is not None:
+            status.maybe(sup, coord)
         for e in sup.history:
             if e.kind == "gave_up":
                 raise EvalError(f"actor {e.name} kept crashing ({e.detail}); see its log")
@@ -250,10 +257,20 @@ def weight_options(cfg: GuirlConfig, placement: Any) -> dict[str, Any]:
 
 
 async def run_train(
-    cfg: GuirlConfig, run_dir: Path | None = None, *, resume: bool = False, out: TextIO = sys.stdout
+    cfg: GuirlConfig,
+    run_dir: Path | None = None,
+    *,
+    resume: bool = False,
+    out: TextIO = sys.stdout,
+    cluster: Any = None,
 ) -> dict:
     """Train until `train.updates` updates are made; returns (and writes) the summary. With `resume`,
-    `run_dir` is a run to continue from its latest checkpoint."""
+    `run_dir` is a run to continue from its latest checkpoint. `cluster` (`guirl.cluster.run.ClusterRun`)
+    places the actors on hosts; none: this machine's one-host cluster."""
+    from guirl.cluster.run import ClusterRun
+
+    cluster = cluster or ClusterRun.local(cfg)
+    cfg = cluster.apply(cfg)
     t, e = cfg.train, cfg.eval
     if not cfg.data.train and not cfg.data.eval:
         check_env_provider(cfg)
@@ -303,7 +320,7 @@ async def run_train(
     tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
     try:
         summary = await _train(
-            cfg, run_dir, tracker, tasks, eval_tasks, ckpt, judge_ckpt, resume_from, out, placement
+            cfg, run_dir, tracker, tasks, eval_tasks, ckpt, judge_ckpt, resume_from, out, placement, cluster
         )
     except BaseException:
         tracker.close(exit_code=1)
@@ -324,7 +341,10 @@ async def _train(
     resume_from: Path | None,
     out: TextIO,
     placement: Any = None,
+    cluster: Any = None,
 ) -> dict:
+    from guirl.cluster.run import StatusPrinter
+
     t, e = cfg.train, cfg.eval
     r = cfg.rollout
     started = time.monotonic()
@@ -378,50 +398,49 @@ async def _train(
         )
     coord_task = await coord.start()
     try:
-        async with Supervisor(cfg, run_dir=str(run_dir)) as sup:
-            broker = await _start_or_explain(
-                sup, broker_spec(cfg, ckpt, run_dir, judge_ckpt=judge_ckpt, placement=placement)
+        async with Supervisor(cfg, run_dir=str(run_dir), launchers=cluster.launchers) as sup:
+            broker_actor = broker_spec(cfg, ckpt, run_dir, judge_ckpt=judge_ckpt, placement=placement)
+            broker = await _start_or_explain(sup, cluster.place(broker_actor, "broker"))
+            learner_actor = ActorSpec(
+                name="learner",
+                target="guirl.actors.learner:Learner",
+                bind=[cfg.endpoints.learner],
+                run_dir=str(run_dir),
+                cpus=cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus"),
+                env=placement.learner_env() if placement is not None else {},
+                options={
+                    "train": msgspec.to_builtins(t),
+                    "ckpt": ckpt,
+                    "run_dir": str(run_dir),
+                    "n_samples": r.n_samples_per_prompt,
+                    "batch_size": r.batch_size,
+                    "temperature": cfg.agent.temperature,
+                    "broker": broker.endpoints[0],
+                    "coordinator": coord.endpoints[0],
+                    "seed": cfg.run.seed,
+                    **weight_options(cfg, placement),
+                    "resume_from": str(resume_from or ""),
+                    "ranks": t.ranks,
+                    "prm_timeout_s": cfg.prm.score_timeout_s,
+                },
             )
-            learner = await _start_or_explain(
-                sup,
-                ActorSpec(
-                    name="learner",
-                    target="guirl.actors.learner:Learner",
-                    bind=[cfg.endpoints.learner],
-                    run_dir=str(run_dir),
-                    cpus=cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus"),
-                    env=placement.learner_env() if placement is not None else {},
-                    options={
-                        "train": msgspec.to_builtins(t),
-                        "ckpt": ckpt,
-                        "run_dir": str(run_dir),
-                        "n_samples": r.n_samples_per_prompt,
-                        "batch_size": r.batch_size,
-                        "temperature": cfg.agent.temperature,
-                        "broker": broker.endpoints[0],
-                        "coordinator": coord.endpoints[0],
-                        "seed": cfg.run.seed,
-                        **weight_options(cfg, placement),
-                        "resume_from": str(resume_from or ""),
-                        "ranks": t.ranks,
-                        "prm_timeout_s": cfg.prm.score_timeout_s,
-                    },
-                ),
-            )
+            learner = await _start_or_explain(sup, cluster.place(learner_actor, "learner"))
             prm = None
             if cfg.prm.enabled:
-                prm = await _start_or_explain(sup, prm_spec(cfg, run_dir, broker.endpoints[0], learner))
+                prm_actor = prm_spec(cfg, run_dir, broker.endpoints[0], learner)
+                prm = await _start_or_explain(sup, cluster.place(prm_actor, "prm"))
             print(f"[train] broker{', PRM' if prm else ''} and learner up", file=out)
-            vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
-            for i in range(e.workers):
-                spec = worker_spec(
+            vms = [n for _, n in cluster.slots]
+
+            def make_worker(i: int, vms_i: int) -> ActorSpec:
+                return worker_spec(
                     cfg,
                     i,
                     run_dir,
                     coordinator=coord.endpoints[0],
                     broker=broker.endpoints[0],
                     learner=learner.endpoints[0],
-                    vms=vms[i],
+                    vms=vms_i,
                     dataset=dataset,
                     **(
                         {
@@ -433,10 +452,15 @@ async def _train(
                         else {}
                     ),
                 )
-                await _start_or_explain(sup, spec)
+
+            for i, (host, vms_i) in enumerate(cluster.slots):
+                await _start_or_explain(sup, cluster.on_host(make_worker(i, vms_i), host))
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             tracking = _Tracking(tracker, run_dir)
-            await _follow(coord, sup, cfg, run_dir, out, tracking)
+            await cluster.serve(sup, make_worker, out)
+            status = StatusPrinter(cluster, cluster.status_interval_s, out)
+            await _follow(coord, sup, cfg, run_dir, out, tracking, status)
+            await cluster.close()
             coord.no_more_groups = True  # the updates are made: let the last evaluation finish
             deadline = time.monotonic() + 600
             while coord.evals_pending() and time.monotonic() < deadline:
@@ -453,6 +477,7 @@ async def _train(
             coord.finish()
             await sup.stop_all()
     finally:
+        await cluster.close()
         coord.request_shutdown("train done")
         await coord_task
     elapsed = time.monotonic() - started

@@ -53,10 +53,21 @@ def _lifeline(stream, grace: float) -> None:
     timer.start()
 
 
+def _report_load(every: float) -> None:
+    """The host's load average on stdout every `every` seconds (the launcher's live status shows it)."""
+    stop = threading.Event()
+    while not stop.wait(every):
+        _report({"load": round(os.getloadavg()[0], 2)})
+
+
+_report_lock = threading.Lock()
+
+
 def _report(obj: dict) -> None:
     try:
-        sys.stdout.write(json.dumps(obj) + "\n")
-        sys.stdout.flush()
+        with _report_lock:
+            sys.stdout.write(json.dumps(obj) + "\n")
+            sys.stdout.flush()
     except (OSError, ValueError):  # the launcher is gone; the lifeline stops us
         pass
 
@@ -95,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)
     grace = cfg.supervisor.stop_timeout_s + 5.0
     threading.Thread(target=_lifeline, args=(stdin, grace), name="lifeline", daemon=True).start()
+    threading.Thread(target=_report_load, args=(5.0,), name="load", daemon=True).start()
     actor = build_actor(spec, cfg)
 
     def ready(endpoints: list[str]) -> None:

@@ -188,6 +188,7 @@ class CommandProcess:
         self.client_pid = 0
         self.exitcode: int | None = None
         self.tail: deque[str] = deque(maxlen=self.TAIL)
+        self.load: float | None = None
         self.reports: asyncio.Queue[dict] = asyncio.Queue()
         self._exit: dict = {}
         self._tasks: list[asyncio.Task] = []
@@ -223,6 +224,10 @@ class CommandProcess:
                 report = None
             if not isinstance(report, dict):  # something else printed on stdout: it is log, not a report
                 self._log_line(line)
+                continue
+            if "load" in report:  # the agent's periodic report of its host's load average
+                with contextlib.suppress(TypeError, ValueError):
+                    self.load = float(report["load"])
                 continue
             if "exit" in report:
                 self._exit = report

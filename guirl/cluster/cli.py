@@ -1,0 +1,287 @@
+"""`bin/launch_cluster`: run guirl on the machines of a cluster file, scale its env workers, tear it down.
+
+    bin/launch_cluster CLUSTER.toml [--mode eval|train|train-prm|gui-r1] [--config CFG] [--set KEY=VALUE ...]
+    bin/launch_cluster CLUSTER.toml --add env_worker=N --host HOST [--vms V]
+    bin/launch_cluster CLUSTER.toml --remove env_worker=N --host HOST
+    bin/launch_cluster CLUSTER.toml --status
+    bin/launch_cluster CLUSTER.toml --down
+
+The first form is the launcher: it runs the coordinator itself and starts every other role on its host
+(local children, ssh, srun), waits for each to report ready (a role that does not fails the launch with its
+log tail), prints a status table every `--status-interval` seconds, and on Ctrl-C, SIGTERM or an error
+stops everything on every host, then sweeps each host for anything of the cluster's left behind. The other
+forms talk to a running launcher through its control socket, or (`--down`) clean up after one that was
+killed: the launcher is stopped if alive, then every host is swept (agents by their command-line label,
+Slurm steps by job name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from guirl.cluster.launch import SlurmLauncher, SSHLauncher, job_name, make_launcher
+from guirl.cluster.run import ClusterRun, control_path, state_path
+from guirl.cluster.spec import ClusterFile, load_cluster
+from guirl.errors import InputError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+MODES = {
+    "eval": "local_eval.toml",
+    "train": "local_rl.toml",
+    "train-prm": "local_prm_rl.toml",
+    "gui-r1": "gui_r1.toml",
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="launch_cluster",
+        description="Run guirl across the hosts of a cluster file (see the README's cluster section).",
+    )
+    p.add_argument("cluster", help="the cluster file (TOML)")
+    p.add_argument("--mode", choices=sorted(MODES), default="train", help="what to run (default: train)")
+    p.add_argument("--config", help="the run's config (default: the mode's shipped local config)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    p.add_argument("--status-interval", type=float, default=10.0, help="seconds between status tables")
+    act = p.add_mutually_exclusive_group()
+    act.add_argument("--add", metavar="env_worker=N", help="start N more env workers on --host")
+    act.add_argument("--remove", metavar="env_worker=N", help="stop N env workers of --host")
+    act.add_argument("--status", action="store_true", help="ask the running launcher which workers run where")
+    act.add_argument("--down", action="store_true", help="stop the cluster's processes on every host")
+    p.add_argument("--host", help="the host of --add / --remove")
+    p.add_argument("--vms", type=int, help="--add: VMs per new worker (default: the host's in the file)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        spec = load_cluster(args.cluster)
+        if args.add or args.remove:
+            return scale(spec, args)
+        if args.status:
+            return _print_reply(control(spec.cluster.name, {"op": "status"}))
+        if args.down:
+            return down(spec, Path(args.cluster).resolve().parent)
+        return launch(spec, args)
+    except (InputError, ValueError) as exc:  # a bad cluster file, config, override or request
+        print(f"launch_cluster: {exc}", file=sys.stderr)
+        return 2
+
+
+# -- the launcher ------------------------------------------------------------------------------------
+
+
+def launch(spec: ClusterFile, args: argparse.Namespace) -> int:
+    import uvloop
+
+    from guirl.config import load_config
+    from guirl.eval import EvalError
+    from guirl.log import setup_logging
+
+    base = Path(args.cluster).resolve().parent
+    config = args.config or str(CONFIGS / MODES[args.mode])
+    overrides = list(args.set)
+    if args.mode == "train-prm":
+        overrides.append("prm.enabled=true")
+    cfg = load_config(config, overrides=overrides)
+    cluster = ClusterRun(spec, base_dir=base, control=True)
+    cluster.status_interval_s = args.status_interval
+    setup_logging("launch_cluster", level=cfg.logging.level, fmt=cfg.logging.format)
+    name = spec.cluster.name
+    if _launcher_alive(name):
+        raise InputError(
+            f"cluster {name!r} is already running (pid {_state(name).get('pid')}); --down stops it"
+        )
+    state_path(name).parent.mkdir(parents=True, exist_ok=True)
+    state_path(name).write_text(
+        json.dumps({"pid": os.getpid(), "cluster": str(Path(args.cluster).resolve()), "started": time.time()})
+    )
+
+    async def run() -> dict:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # as Ctrl-C: an orderly teardown
+        if args.mode == "eval" or (args.mode == "gui-r1" and not cfg.data.train):
+            from guirl.eval import run_eval
+
+            return await run_eval(cfg, cluster=cluster)
+        from guirl.train import run_train
+
+        return await run_train(cfg, cluster=cluster)
+
+    code = 1
+    try:
+        summary = uvloop.run(run())
+        code = 0 if summary.get("updates", 1) or summary.get("tasks") else 1
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("[cluster] interrupted: stopped every role", file=sys.stderr)
+        code = 130
+    except EvalError as exc:
+        print(f"launch_cluster: {exc}", file=sys.stderr)
+    finally:
+        left = sweep(spec, base)
+        print(f"[cluster] {name} torn down on {len(spec.used_hosts())} host(s){left}", file=sys.stderr)
+        for path in (state_path(name), control_path(name)):
+            path.unlink(missing_ok=True)
+    return code
+
+
+def _state(name: str) -> dict:
+    try:
+        data = json.loads(state_path(name).read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _launcher_alive(name: str) -> bool:
+    pid = _state(name).get("pid")
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a recycled pid is not our launcher
+        return "launch_cluster" in Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace")
+    except OSError:
+        return True
+
+
+# -- control -------------------------------------------------------------------------------------------
+
+
+def control(name: str, request: dict, timeout: float = 600.0) -> dict:
+    path = control_path(name)
+    if not path.exists():
+        raise InputError(f"cluster {name!r} is not running here (no control socket {path})")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except OSError as exc:
+            raise InputError(f"cluster {name!r}: its launcher did not answer: {exc}") from None
+    try:
+        reply = json.loads(data)
+    except ValueError:
+        raise InputError(f"cluster {name!r}: its launcher answered {data[:200]!r}") from None
+    return reply if isinstance(reply, dict) else {"ok": False, "error": "not an object"}
+
+
+def _print_reply(reply: dict) -> int:
+    print(json.dumps(reply))
+    return 0 if reply.get("ok") else 1
+
+
+def scale(spec: ClusterFile, args: argparse.Namespace) -> int:
+    what = args.add or args.remove
+    role, sep, count = what.partition("=")
+    if role != "env_worker" or not sep:
+        raise InputError(f"{'--add' if args.add else '--remove'} {what!r}: expected env_worker=N")
+    try:
+        n = int(count)
+    except ValueError:
+        raise InputError(f"{what!r}: N must be a whole number") from None
+    if not args.host:
+        raise InputError("--add / --remove need --host HOST")
+    if args.host not in spec.hosts:
+        raise InputError(f"--host {args.host!r}: no such host in the cluster file")
+    request = {"op": "add" if args.add else "remove", "host": args.host, "count": n}
+    if args.vms is not None:
+        request["vms"] = args.vms
+    return _print_reply(control(spec.cluster.name, request))
+
+
+# -- teardown ------------------------------------------------------------------------------------------
+
+
+def down(spec: ClusterFile, base: Path) -> int:
+    """Stop a running launcher (it tears down in order), then sweep every host."""
+    name = spec.cluster.name
+    if _launcher_alive(name):
+        pid = int(_state(name)["pid"])
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _launcher_alive(name):
+            time.sleep(0.2)  # polling another process's exit: there is no fd to wait on
+    left = sweep(spec, base)
+    for path in (state_path(name), control_path(name)):
+        path.unlink(missing_ok=True)
+    print(f"[cluster] {name} down on {len(spec.used_hosts())} host(s){left}")
+    return 0
+
+
+def sweep(spec: ClusterFile, base: Path, grace: float = 15.0) -> str:
+    """Whatever of this cluster is left on its hosts: agents (SIGTERM, then SIGKILL after `grace`) and
+    Slurm steps (scancel by job name). Returns a note of what had to be killed ("" if nothing)."""
+    name = spec.cluster.name
+    pattern = f"guirl[.]cluster[.]agent --cluster {name} "
+    notes = []
+    for host in spec.used_hosts():
+        launcher = make_launcher(host, spec.hosts[host], name)
+        if isinstance(launcher, SlurmLauncher):
+            _run(["scancel", f"--name={job_name(name)}"])
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and _slurm_steps(name):
+                time.sleep(0.5)  # waiting on slurmctld's view: nothing to block on
+            if _slurm_steps(name):
+                _run(["scancel", "--signal=KILL", f"--name={job_name(name)}"])
+                notes.append(f"{host}: Slurm steps killed")
+            continue
+        wrap = launcher.run_argv if isinstance(launcher, SSHLauncher) else (lambda argv: argv)
+        if _run(wrap(["pkill", "-TERM", "-f", pattern])) == 0:
+            waited = wrap(
+                [
+                    "sh",
+                    "-c",
+                    f"for i in $(seq {int(grace * 5)}); do pgrep -f '{pattern}' >/dev/null "
+                    "|| exit 0; sleep 0.2; done; exit 1",
+                ]
+            )
+            if _run(waited, timeout=grace + 30) != 0:
+                _run(wrap(["pkill", "-KILL", "-f", pattern]))
+                notes.append(f"{host}: agents killed")
+            else:
+                notes.append(f"{host}: agents stopped")
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
+def _slurm_steps(name: str) -> bool:
+    try:
+        out = subprocess.run(
+            ["squeue", "-h", f"--name={job_name(name)}", "-o", "%i"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return bool(out.strip())
+
+
+def _run(argv: list[str], timeout: float = 60.0) -> int:
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=timeout).returncode
+    except (OSError, subprocess.TimeoutExpired):
+        return -1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
