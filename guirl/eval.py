@@ -340,7 +340,7 @@ async def run_eval(
             print(
                 f"[eval] {e.workers} env worker(s), {sum(vms)} VMs ({'/'.join(map(str, vms))}) up", file=out
             )
-            await cluster.serve(sup, make_worker, out)
+            await cluster.serve(sup, make_worker, out, coord)
             status = StatusPrinter(cluster, cluster.status_interval_s, out)
             await _progress(coord, sup, e.progress_interval_s, out, status)
             await cluster.close()

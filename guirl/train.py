@@ -457,7 +457,7 @@ async def _train(
                 await _start_or_explain(sup, cluster.on_host(make_worker(i, vms_i), host))
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             tracking = _Tracking(tracker, run_dir)
-            await cluster.serve(sup, make_worker, out)
+            await cluster.serve(sup, make_worker, out, coord)
             status = StatusPrinter(cluster, cluster.status_interval_s, out)
             await _follow(coord, sup, cfg, run_dir, out, tracking, status)
             await cluster.close()

@@ -27,7 +27,8 @@ def wait_port(host: str, port: int, timeout: float = 20.0, netns: str = "") -> N
     delay = 0.02
     while True:
         if netns:
-            ok = _sh("ip", "netns", "exec", netns, "bash", "-c", f"exec 3<>/dev/tcp/{host}/{port}", check=False)
+            probe = f"exec 3<>/dev/tcp/{host}/{port}"
+            ok = _sh("ip", "netns", "exec", netns, "bash", "-c", probe, check=False)
             if ok.returncode == 0:
                 return
         else:
@@ -164,3 +165,128 @@ class NetnsHosts:
         for name in self.names:
             _sh("ip", "netns", "del", name, check=False)
         _sh("ip", "link", "del", self.bridge, check=False)
+
+
+def can_run_slurm() -> str:
+    """Why a single-node Slurm cannot be started here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "slurmd needs root"
+    for tool in ("/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"):
+        if not Path(tool).exists():
+            return f"{tool} is not installed (slurm-wlm, munge)"
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SlurmNode:
+    """munged + slurmctld + slurmd for one node named `localhost`, all state under `workdir`; `env` is
+    what Slurm's client commands need (SLURM_CONF)."""
+
+    NODE = "localhost"
+
+    def __init__(self, workdir: Path) -> None:
+        self.dir = workdir
+        self.procs: list[subprocess.Popen] = []
+        self.conf = workdir / "slurm.conf"
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def __enter__(self) -> SlurmNode:
+        try:
+            self._up()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _up(self) -> None:
+        d = self.dir
+        for sub in ("munge", "state", "spool"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        os.chmod(d / "munge", 0o700)
+        key = d / "munge" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o600)
+        socket_path = d / "munge" / "munge.socket"
+        _sh(
+            "/usr/sbin/munged",
+            "--force",
+            f"--key-file={key}",
+            f"--socket={socket_path}",
+            f"--pid-file={d / 'munge' / 'munged.pid'}",
+            f"--seed-file={d / 'munge' / 'seed'}",
+            f"--log-file={d / 'munge' / 'munged.log'}",
+        )  # daemonises once its socket is up
+        ctld, slurmd = _free_port(), _free_port()
+        cpus = os.cpu_count() or 2
+        self.conf.write_text(
+            "\n".join(
+                [
+                    "ClusterName=guirltest",
+                    "SlurmctldHost=localhost",
+                    "SlurmUser=root",
+                    "SlurmdUser=root",
+                    f"SlurmctldPort={ctld}",
+                    f"SlurmdPort={slurmd}",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={socket_path}",
+                    f"StateSaveLocation={d / 'state'}",
+                    f"SlurmdSpoolDir={d / 'spool'}",
+                    f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+                    f"SlurmdPidFile={d / 'slurmd.pid'}",
+                    "ProctrackType=proctrack/linuxproc",
+                    "TaskPlugin=task/none",
+                    "JobAcctGatherType=jobacct_gather/none",
+                    "SelectType=select/cons_tres",
+                    "SelectTypeParameters=CR_Core",
+                    "DefMemPerNode=100",
+                    "ReturnToService=2",
+                    "MpiDefault=none",
+                    "KillWait=5",
+                    f"SlurmctldLogFile={d / 'slurmctld.log'}",
+                    f"SlurmdLogFile={d / 'slurmd.log'}",
+                    f"NodeName={self.NODE} CPUs={cpus} RealMemory=16000 State=UNKNOWN",
+                    f"PartitionName=debug Nodes={self.NODE} Default=YES MaxTime=INFINITE State=UP "
+                    "OverSubscribe=FORCE:32",
+                    "",
+                ]
+            )
+        )
+        for argv in (
+            ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(self.conf)],
+            ["/usr/sbin/slurmd", "-D", "-N", self.NODE, "-f", str(self.conf)],
+        ):
+            log = open(d / (Path(argv[0]).name + ".out"), "wb")  # noqa: SIM115 (kept open while it runs)
+            self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env))
+        deadline = time.monotonic() + 60
+        delay = 0.05
+        while True:  # the node registered and idle: Slurm's own readiness, polled
+            out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env)
+            if out.stdout.strip() == "idle":
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Slurm did not come up: {out.stdout} {out.stderr}")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+    def jobs(self, name: str = "") -> list[str]:
+        argv = ["squeue", "-h", "-o", "%i %j %T"] + ([f"--name={name}"] if name else [])
+        return subprocess.run(argv, capture_output=True, text=True, env=self.env).stdout.split("\n")[:-1]
+
+    def close(self) -> None:
+        subprocess.run(["scancel", "--full", "-u", "root"], capture_output=True, env=self.env)
+        for proc in self.procs:
+            proc.terminate()
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(15)
+        pid_file = self.dir / "munge" / "munged.pid"
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int(pid_file.read_text().strip()), 15)

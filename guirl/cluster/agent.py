@@ -43,10 +43,17 @@ def read_payload(stream) -> tuple[bytes, bytes]:
     return parts[0], parts[1]
 
 
-def _lifeline(stream, grace: float) -> None:
-    """Block until stdin ends, then stop the actor; exit regardless after `grace` seconds."""
-    while stream.readline():
-        pass
+def _lifeline(fd: int, grace: float) -> None:
+    """Block until stdin ends, then stop the actor; exit regardless after `grace` seconds. (On the raw fd:
+    a thread blocked in the buffered reader would hold its lock while the interpreter shuts down.)"""
+    while True:
+        try:
+            if not os.read(fd, 65536):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
     os.kill(os.getpid(), signal.SIGTERM)
     timer = threading.Timer(grace, lambda: os._exit(1))
     timer.daemon = True
@@ -105,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)
     grace = cfg.supervisor.stop_timeout_s + 5.0
-    threading.Thread(target=_lifeline, args=(stdin, grace), name="lifeline", daemon=True).start()
+    threading.Thread(target=_lifeline, args=(stdin.fileno(), grace), name="lifeline", daemon=True).start()
     threading.Thread(target=_report_load, args=(5.0,), name="load", daemon=True).start()
     actor = build_actor(spec, cfg)
 
@@ -114,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
 
     run_actor(actor, ready)
     _report({"exit": "completed" if actor.completed else "shutdown", "reason": actor.stop_reason})
-    return 0
+    sys.stderr.flush()
+    os._exit(0)  # not a normal interpreter shutdown: the lifeline and load threads are still running
 
 
 if __name__ == "__main__":

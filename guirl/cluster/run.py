@@ -67,6 +67,7 @@ class ClusterRun:
         self.next_worker = len(self.slots)
         self.status_interval_s = 10.0
         self._server: asyncio.AbstractServer | None = None
+        self._coord: Any = None
 
     @classmethod
     def local(cls, cfg: GuirlConfig) -> ClusterRun:
@@ -138,8 +139,11 @@ class ClusterRun:
 
     # -- live scaling ---------------------------------------------------------------------------------
 
-    async def serve(self, sup: Any, make_worker: Callable[[int, int], Any], out: TextIO) -> None:
+    async def serve(
+        self, sup: Any, make_worker: Callable[[int, int], Any], out: TextIO, coord: Any = None
+    ) -> None:
         """Accept `add`/`remove`/`status` requests on the control socket until `close()`."""
+        self._coord = coord
         if not self.control:
             return
         path = control_path(self.name)
@@ -172,7 +176,18 @@ class ClusterRun:
         if not isinstance(request, dict) or request.get("op") not in ("add", "remove", "status"):
             raise ValueError('expected {"op": "add"|"remove"|"status", ...}')
         if request["op"] == "status":
-            return {"ok": True, "workers": {n: h for n, h in self.worker_hosts(sup).items()}}
+            counters = self._coord.counters.snapshot() if self._coord is not None else {}
+            return {
+                "ok": True,
+                "workers": self.worker_hosts(sup),
+                "actors": {
+                    n: {"host": h.spec.host, "up": h.alive, "pid": h.pid, "restarts": h.restarts}
+                    for n, h in sup.actors.items()
+                },
+                "coordinator": {
+                    k: v for k, v in counters.items() if k.startswith(("security.", "episodes.", "groups."))
+                },
+            }
         host = request.get("host")
         count = request.get("count")
         if host not in self.spec.hosts:
@@ -229,11 +244,12 @@ class ClusterRun:
         now = asyncio.get_running_loop().time()
         heard: dict[str, float] = {}
         if coord.mailbox is not None:
-            for ident, last in coord.mailbox.peers.items():
-                heard[peer_label(ident)] = now - last
+            for ident, last in coord.mailbox.peers.items():  # routing ids are `<actor>/<random>`
+                name = peer_label(ident).split("/", 1)[0]
+                heard[name] = min(now - last, heard.get(name, now - last))
         running: dict[str, int] = {}
         for run in coord.running.values():
-            running[run.peer] = running.get(run.peer, 0) + 1
+            running[run.worker] = running.get(run.worker, 0) + 1
         head = ("actor", "host", "state", "pid", "restarts", "heartbeat", "queue")
         lines = ["{:<12} {:<10} {:<6} {:>7} {:>8} {:>9} {:>5}".format(*head)]
         for name, handle in sorted(sup.actors.items()):

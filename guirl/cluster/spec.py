@@ -161,25 +161,31 @@ class ClusterFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         for name, role in (("prm", r.prm), ("recorder", r.recorder)):
             if role is not None:
                 wanted.append((role.host, name, role.port))
+        # ports are taken per address: two host entries on one address (one machine, two launchers) share them
+        address = {name: h.address for name, h in self.hosts.items()}
         taken: dict[str, set[int]] = {}
         out: dict[tuple[str, str], int] = {}
         for host, name, port in wanted:
             if port is None:
                 continue
-            if port in taken.setdefault(host, set()):
-                other = next(k[1] for k, v in out.items() if k[0] == host and v == port)
+            used = taken.setdefault(address.get(host, host), set())
+            if port in used:
+                other = next(
+                    k[1] for k, v in out.items() if address.get(k[0], k[0]) == address.get(host) and v == port
+                )
                 raise ClusterFileError(f"roles.{name}.port: {port} is already {other}'s on host {host!r}")
-            taken[host].add(port)
+            used.add(port)
             out[(host, name)] = port
         for host, name, port in wanted:
             if port is not None:
                 continue
-            free = next((p for p in range(low, high + 1) if p not in taken.setdefault(host, set())), None)
+            used = taken.setdefault(address.get(host, host), set())
+            free = next((p for p in range(low, high + 1) if p not in used), None)
             if free is None:
                 raise ClusterFileError(
                     f"cluster.port_range {self.cluster.port_range!r} has no port left on {host!r}"
                 )
-            taken[host].add(free)
+            used.add(free)
             out[(host, name)] = free
         return out
 
