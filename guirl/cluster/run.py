@@ -116,8 +116,13 @@ class ClusterRun:
             learner=self.endpoint("learner"),
         )
         workers = max(1, len(self.slots))
+        learner = self.spec.roles.learner
+        train = cfg.train
+        if learner is not None and learner.gpus_per_host is not None:
+            train = msgspec.structs.replace(train, ranks=learner.gpus_per_host)
         return msgspec.structs.replace(
             cfg,
+            train=train,
             endpoints=endpoints,
             runtime=msgspec.structs.replace(cfg.runtime, curve_keys_dir=keys or cfg.runtime.curve_keys_dir),
             eval=msgspec.structs.replace(cfg.eval, workers=workers, vms_per_worker=0),

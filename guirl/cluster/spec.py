@@ -21,12 +21,11 @@ launcher = "ssh"
 host = "gpu0"
 
 [roles.broker]
-host = "gpu0"
-gpus = [4, 5, 6, 7]
+host = "gpu0"                       # its engines on the GPUs the placement gives them (NUM_GPUS, ...)
 
 [roles.learner]
-hosts = ["gpu0"]                    # one or more hosts, `gpus_per_host` ranks on each (torchrun's layout)
-gpus_per_host = 4
+hosts = ["gpu0"]                    # one host (rank 0 runs the learner actor and starts the others)
+gpus_per_host = 4                   # its ranks (train.ranks)
 
 [[roles.env_workers]]
 host = "cpu1"
@@ -98,14 +97,15 @@ class Role(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: Port | None = None
     """Its mailbox's port (empty: the next free one of the cluster's port range)."""
     gpus: list[Count] = msgspec.field(default_factory=list)
-    """GPU ids on the host (broker engines, PRM)."""
+    """GPU ids on the host (broker engines, PRM). Not wired yet: a file that sets them is refused; the GPU
+    split comes from NUM_GPUS / ACTOR_GPUS / ROLLOUT_GPUS / PRM_GPUS and each host's CUDA_VISIBLE_DEVICES."""
 
 
 class LearnerRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hosts: list[str]
     """Hosts of the learner's ranks; the first runs rank 0 (the learner actor)."""
-    gpus_per_host: Annotated[int, Meta(ge=1)] = 1
-    """Ranks per host (one per GPU)."""
+    gpus_per_host: Annotated[int, Meta(ge=1)] | None = None
+    """Ranks per host, one per GPU (empty: the config's `train.ranks`)."""
     port: Port | None = None
     """The learner actor's mailbox port."""
     master_port: Port | None = None
@@ -126,7 +126,6 @@ class Roles(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     broker: Role
     learner: LearnerRole | None = None
     prm: Role | None = None
-    recorder: Role | None = None
     env_workers: list[EnvWorkers] = msgspec.field(default_factory=list)
 
 
@@ -143,7 +142,7 @@ class ClusterFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         r = self.roles
         names = [r.coordinator.host, r.broker.host]
         names += r.learner.hosts if r.learner else []
-        names += [x.host for x in (r.prm, r.recorder) if x is not None]
+        names += [r.prm.host] if r.prm is not None else []
         names += [w.host for w in r.env_workers]
         return list(dict.fromkeys(names))
 
@@ -158,9 +157,8 @@ class ClusterFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if r.learner is not None:
             wanted.append((r.learner.hosts[0], "learner", r.learner.port))
             wanted.append((r.learner.hosts[0], "learner.master", r.learner.master_port))
-        for name, role in (("prm", r.prm), ("recorder", r.recorder)):
-            if role is not None:
-                wanted.append((role.host, name, role.port))
+        if r.prm is not None:
+            wanted.append((r.prm.host, "prm", r.prm.port))
         # ports are taken per address: two host entries on one address (one machine, two launchers) share them
         address = {name: h.address for name, h in self.hosts.items()}
         taken: dict[str, set[int]] = {}
@@ -241,9 +239,19 @@ def check(spec: ClusterFile) -> None:
         if not r.learner.hosts:
             raise ClusterFileError("roles.learner.hosts: at least one host")
         refs += [(f"roles.learner.hosts[{i}]", h) for i, h in enumerate(r.learner.hosts)]
-    for name, role in (("prm", r.prm), ("recorder", r.recorder)):
-        if role is not None:
-            refs.append((f"roles.{name}.host", role.host))
+    if r.learner is not None and len(r.learner.hosts) > 1:
+        raise ClusterFileError(
+            "roles.learner.hosts: one host for now (the learner's ranks run on the learner's host; ranks "
+            "across hosts are not supported yet)"
+        )
+    if r.prm is not None:
+        refs.append(("roles.prm.host", r.prm.host))
+    for name, role in (("coordinator", r.coordinator), ("broker", r.broker), ("prm", r.prm)):
+        if role is not None and role.gpus:
+            raise ClusterFileError(
+                f"roles.{name}.gpus: not supported yet; the GPU split comes from NUM_GPUS / ACTOR_GPUS / "
+                "ROLLOUT_GPUS / PRM_GPUS and CUDA_VISIBLE_DEVICES on each host (README, GPUs)"
+            )
     refs += [(f"roles.env_workers[{i}].host", w.host) for i, w in enumerate(r.env_workers)]
     for key, host in refs:
         if host not in spec.hosts:

@@ -1,0 +1,292 @@
+"""The launchers' process interface, the agent's stdio protocol, the cluster's placement and the control
+socket here, with real processes and a real Unix socket (across hosts: tests/e2e/test_cluster.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from guirl.actors.process import ActorSpec
+from guirl.actors.supervisor import Supervisor
+from guirl.cluster.agent import read_payload
+from guirl.cluster.launch import (
+    ActorStartError,
+    CommandLauncher,
+    SlurmLauncher,
+    SSHLauncher,
+    agent_payload,
+)
+from guirl.cluster.run import ClusterRun, control_path
+from guirl.cluster.spec import ClusterFileError, Host, parse_cluster
+from guirl.config import load_config
+from tests.helpers import run
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class DirectLauncher(CommandLauncher):
+    """The agent run here with no ssh or srun around it: the command path without a remote host."""
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return argv
+
+
+def _cluster(**over) -> dict:
+    raw = {
+        "cluster": {"name": "t", "keys_dir": "keys", "port_range": "7000-7010"},
+        "hosts": {
+            "head": {"address": "10.1.0.1"},
+            "cpu": {"address": "10.1.0.2", "launcher": "ssh"},
+        },
+        "roles": {
+            "coordinator": {"host": "head"},
+            "broker": {"host": "head"},
+            "learner": {"hosts": ["head"], "gpus_per_host": 2},
+            "env_workers": [{"host": "cpu", "count": 3, "vms": 4}, {"host": "head", "count": 1, "vms": 2}],
+        },
+    }
+    raw.update(over)
+    return raw
+
+
+# -- launch commands -------------------------------------------------------------------------------------
+
+
+def test_ssh_and_srun_commands():
+    host = Host(
+        address="10.0.0.2",
+        launcher="ssh",
+        python="/opt/g/.venv/bin/python",
+        workdir="/srv/my guirl",
+        ssh_user="guirl",
+        ssh_port=2222,
+        ssh_options=["IdentityFile=/k/id"],
+    )
+    argv = SSHLauncher("cpu1", host, "c1").start(b"s", b"c", "worker3").argv
+    assert argv[:2] == ["ssh", "-T"] and "BatchMode=yes" in argv and argv[argv.index("-p") + 1] == "2222"
+    assert "IdentityFile=/k/id" in argv and argv[-2] == "guirl@10.0.0.2"
+    assert argv[-1] == (
+        "cd '/srv/my guirl' && exec env GUIRL_HOST_ADDRESS=10.0.0.2 PYTHONUNBUFFERED=1 "
+        "/opt/g/.venv/bin/python -m guirl.cluster.agent --cluster c1 --host cpu1 --actor worker3"
+    )
+    slurm = Host(
+        address="10.0.0.3", launcher="slurm", slurm_node="n7", slurm_args=["--partition=cpu"], workdir="/w"
+    )
+    argv = SlurmLauncher("n", slurm, "c1").start(b"s", b"c", "broker").argv
+    assert argv[:3] == ["srun", "--nodes=1", "--ntasks=1"] and "--job-name=guirl-c1" in argv
+    assert "--nodelist=n7" in argv and "--chdir=/w" in argv and "--partition=cpu" in argv
+    assert "--export=ALL,GUIRL_HOST_ADDRESS=10.0.0.3,PYTHONUNBUFFERED=1" in argv
+    assert argv[-6:] == ["--cluster", "c1", "--host", "n", "--actor", "broker"]
+
+
+# -- the agent's protocol --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "line, error",
+    [
+        (b"", "no spec on stdin"),
+        (b"not base64!\n", "not base64 msgpack"),
+        (base64.b64encode(b"\xc1") + b"\n", "not base64 msgpack"),
+        (base64.b64encode(msgspec.msgpack.encode({"a": 1})) + b"\n", "[spec bytes, config bytes]"),
+        (base64.b64encode(msgspec.msgpack.encode([b"x"])) + b"\n", "[spec bytes, config bytes]"),
+    ],
+)
+def test_a_bad_spec_line_is_a_clear_error(line, error):
+    with pytest.raises(ValueError, match=error.replace("[", r"\[").replace("]", r"\]")):
+        read_payload(io.BytesIO(line))
+
+
+def _agent(stdin: bytes, actor: str = "echo") -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "guirl.cluster.agent", "--cluster", "t", "--host", "h", "--actor", actor]
+    return subprocess.run(argv, input=stdin, capture_output=True, timeout=60, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    "spec, actor, error",
+    [
+        (ActorSpec(name="echo", target="os:system"), "echo", "is not one of guirl's actors"),
+        (ActorSpec(name="echo", target="guirl.actors.echo:EchoActor"), "other", "the spec is for 'echo'"),
+    ],
+)
+def test_the_agent_refuses_what_it_must_not_run(spec, actor, error):
+    cfg = load_config(None)
+    out = _agent(agent_payload(msgspec.msgpack.encode(spec), msgspec.msgpack.encode(cfg)), actor)
+    assert out.returncode == 2 and error in out.stderr.decode() and out.stdout == b""
+
+
+def test_the_agent_refuses_a_garbled_spec():
+    out = _agent(b"\x00\xff garbage\n")
+    assert out.returncode == 2 and "not base64 msgpack" in out.stderr.decode()
+    cfg = msgspec.msgpack.encode(load_config(None))
+    out = _agent(agent_payload(b"\x93not a spec", cfg))
+    assert out.returncode == 2 and "guirl.cluster.agent" in out.stderr.decode()
+
+
+def test_an_actor_over_the_command_path(tmp_path):
+    """Ready with its endpoints, supervised (a SIGKILL is restarted), stopped by closing its stdin (the
+    agent's lifeline) with a clean exit report; an actor that cannot start fails with its log tail."""
+    cfg = load_config(None, overrides=["supervisor.restart_backoff_initial_s=0.05"])
+    launcher = DirectLauncher("here", Host(address="127.0.0.1"), "t")
+
+    async def main():
+        async with Supervisor(cfg, run_dir=str(tmp_path), launchers={"here": launcher}) as sup:
+            spec = ActorSpec(
+                name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"], host="here"
+            )
+            handle = await sup.start(spec)
+            assert handle.endpoints[0].startswith("tcp://127.0.0.1:") and handle.pid > 0
+            first, endpoints = handle.pid, list(handle.endpoints)
+            after = len(sup.history)
+            os.kill(first, signal.SIGKILL)
+            await sup.wait_event("restarted", "echo", after=after, timeout=60)
+            assert handle.pid != first and handle.endpoints == endpoints  # the same port, bound again
+            after = len(sup.history)
+            await sup.stop("echo")
+            ev = await sup.wait_event("stopped", "echo", after=after, timeout=5)
+            assert ev.kind == "stopped"
+            bad = ActorSpec(name="bad", target="guirl.actors.echo:NoSuchActor", host="here")
+            with pytest.raises(ActorStartError, match="exited with 1 before ready; its log ends") as err:
+                await sup.start(bad)
+            assert "NoSuchActor" in str(err.value)
+            with pytest.raises(ActorStartError, match="no launcher for host 'mars'"):
+                await sup.start(ActorSpec(name="x", target="guirl.actors.echo:EchoActor", host="mars"))
+
+    run(main(), timeout=120)
+
+
+def test_closing_stdin_stops_the_agent_cleanly(tmp_path):
+    cfg = load_config(None)
+    spec = ActorSpec(name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"])
+    argv = [sys.executable, "-m", "guirl.cluster.agent", "--cluster", "t", "--host", "h", "--actor", "echo"]
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    )
+    proc.stdin.write(agent_payload(msgspec.msgpack.encode(spec), msgspec.msgpack.encode(cfg)))
+    proc.stdin.flush()
+    ready = json.loads(proc.stdout.readline())
+    assert ready["ready"] == "echo" and ready["pid"] == proc.pid and ready["host"] == "h"
+    proc.stdin.close()
+    assert proc.wait(30) == 0
+    reports = [json.loads(x) for x in proc.stdout.read().splitlines()]
+    assert {"exit": "shutdown", "reason": "SIGTERM"} in reports
+
+
+# -- placement -------------------------------------------------------------------------------------------
+
+
+def test_a_cluster_places_every_role(tmp_path):
+    cluster = ClusterRun(parse_cluster(_cluster()), base_dir=tmp_path)
+    cfg = cluster.apply(load_config(None))
+    assert (
+        cfg.endpoints.coordinator == "tcp://10.1.0.1:7000" and cfg.endpoints.broker == "tcp://10.1.0.1:7001"
+    )
+    assert cfg.endpoints.learner == "tcp://10.1.0.1:7002"
+    assert cfg.runtime.curve_keys_dir == str(tmp_path / "keys")
+    assert cfg.eval.workers == 4 and cfg.env.max_envs == 14 and cfg.train.ranks == 2
+    assert cluster.slots == [("cpu", 4)] * 3 + [("head", 2)]
+    spec = cluster.on_host(ActorSpec(name="worker0", target="guirl.x:Y"), "cpu")
+    assert spec.host == "cpu" and spec.env == {"GUIRL_HOST_ADDRESS": "10.1.0.2"}
+    assert set(cluster.launchers) == {"head", "cpu"}
+
+
+def test_the_one_host_cluster_leaves_the_config_alone():
+    cfg = load_config(None, overrides=["eval.workers=3", "env.max_envs=7"])
+    cluster = ClusterRun.local(cfg)
+    assert cluster.apply(cfg) is cfg and cluster.slots == [("local", 3), ("local", 2), ("local", 2)]
+    spec = cluster.on_host(ActorSpec(name="w", target="guirl.x:Y"), "local")
+    assert spec.host == "local" and spec.env == {}
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"hosts": {"head": {"address": "10.1.0.1", "launcher": "ssh"}, "cpu": {"address": "10.1.0.2"}}},
+            "coordinator",
+        ),
+    ],
+)
+def test_the_coordinator_runs_in_the_launcher(change, message):
+    with pytest.raises(ClusterFileError, match='must have launcher = "local"'):
+        ClusterRun(parse_cluster(_cluster(**change)))
+
+
+def test_not_yet_supported_keys_are_refused():
+    raw = _cluster()
+    raw["roles"]["broker"]["gpus"] = [4, 5]
+    with pytest.raises(ClusterFileError, match="roles.broker.gpus: not supported yet"):
+        parse_cluster(raw)
+    raw = _cluster()
+    raw["roles"]["learner"]["hosts"] = ["head", "cpu"]
+    with pytest.raises(ClusterFileError, match="roles.learner.hosts: one host for now"):
+        parse_cluster(raw)
+
+
+def test_hosts_on_one_address_share_its_ports():
+    raw = _cluster()
+    raw["hosts"]["cpu"]["address"] = "10.1.0.1"
+    raw["roles"]["broker"]["host"] = "cpu"
+    ports = parse_cluster(raw).ports()
+    assert len({ports[k] for k in ports if k[1] != "learner.master"}) == 3
+
+
+# -- the control socket -----------------------------------------------------------------------------------
+
+
+async def _ask(name: str, raw: bytes) -> dict:
+    reader, writer = await asyncio.open_unix_connection(str(control_path(name)))
+    writer.write(raw)
+    await writer.drain()
+    line = await reader.readline()
+    writer.close()
+    return json.loads(line)
+
+
+def test_the_control_socket_answers_hostile_requests(tmp_path, monkeypatch):
+    monkeypatch.setenv("GUIRL_STATE_DIR", str(tmp_path / "state"))
+    cluster = ClusterRun(parse_cluster(_cluster()), base_dir=tmp_path, control=True)
+    cfg = load_config(None)
+    started = []
+
+    def make_worker(index: int, vms: int) -> ActorSpec:
+        started.append((index, vms))
+        raise RuntimeError("no workers in this test")
+
+    async def main():
+        async with Supervisor(cfg, run_dir=str(tmp_path)) as sup:
+            await cluster.serve(sup, make_worker, io.StringIO())
+            name = cluster.name
+            assert oct(control_path(name).stat().st_mode & 0o777) == "0o600"
+            for raw, error in [
+                (b"not json\n", "Expecting value"),
+                (b"[1, 2]\n", "expected {"),
+                (b'{"op": "reboot"}\n', "expected {"),
+                (b'{"op": "add", "host": "mars", "count": 1}\n', "host 'mars' is not in the cluster file"),
+                (b'{"op": "add", "host": "cpu", "count": 0}\n', "count 0"),
+                (b'{"op": "add", "host": "cpu", "count": true}\n', "count True"),
+                (b'{"op": "add", "host": "cpu", "count": "3"}\n', "count '3'"),
+                (b'{"op": "add", "host": "cpu", "count": 1, "vms": 9999}\n', "vms 9999"),
+                (b'{"op": "remove", "host": "cpu", "count": 2}\n', "runs 0 env worker(s), not 2"),
+                (b'{"op": "add", "host": "cpu", "count": 1}\n', "no workers in this test"),
+                (b"x" * 10000 + b"\n", ""),
+            ]:
+                reply = await _ask(name, raw)
+                assert reply["ok"] is False and error in reply["error"], (raw[:60], reply)
+            assert started == [(4, 4)]  # the one well-formed add reached make_worker, with the host's VMs
+            status = await _ask(name, b'{"op": "status"}\n')
+            assert status["ok"] and status["workers"] == {} and status["actors"] == {}
+            await cluster.close()
+            assert not control_path(name).exists()
+
+    run(main(), timeout=60)
