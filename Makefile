@@ -17,7 +17,8 @@ $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/sy
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-runtime
+$(VENV)/.stamp-test: $(VENV)/.stamp-runtime scripts/test-system-packages.txt
+	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" scripts/test-system-packages.txt
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps desktop-env==1.0.2
 	touch $@

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Set up what guirl needs on a fresh Debian/Ubuntu machine: system packages (installed with apt-get when
 # run as root, otherwise listed for you to install) and the project's virtual environment.
-#   usage: scripts/bootstrap.sh PYTHON VENV
+#   usage: scripts/bootstrap.sh PYTHON VENV [PACKAGE-LIST...]   (default list: system-packages.txt)
 set -euo pipefail
 PYTHON=${1:-python3}
 VENV=${2:-.venv}
 HERE=$(cd "$(dirname "$0")" && pwd)
+shift $(( $# < 2 ? $# : 2 ))
+LISTS=("$@")
+((${#LISTS[@]})) || LISTS=("$HERE/system-packages.txt")
 
 if ! command -v "$PYTHON" >/dev/null 2>&1; then
     echo "guirl needs Python >= 3.11; '$PYTHON' was not found (set PYTHON=/path/to/python3.11)." >&2
@@ -28,7 +31,7 @@ while read -r pkg check; do
     else
         command -v "$check" >/dev/null 2>&1 || missing+=("$pkg")
     fi
-done < "$HERE/system-packages.txt"
+done < <(cat "${LISTS[@]}")
 # venv needs ensurepip, which Debian's python3 ships separately
 if [[ ! -x "$VENV/bin/python" ]] && ! "$PYTHON" -c 'import ensurepip, venv' >/dev/null 2>&1; then
     missing+=("python3-venv")

@@ -49,6 +49,11 @@ def can_make_hosts() -> str:
             return f"{tool} is not installed"
     if not Path("/usr/sbin/sshd").exists():
         return "sshd is not installed (openssh-server)"
+    probe = f"gprobe{os.getpid()}"
+    made = _sh("ip", "netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"network namespaces cannot be made here: {made.stderr.strip()}"
+    _sh("ip", "netns", "del", probe, check=False)
     return ""
 
 
