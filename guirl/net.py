@@ -65,3 +65,21 @@ def gloo_group(store: Any, rank: int, world_size: int, timeout: Any):
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=address)]
     options._timeout = timeout
     return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+def interface_of(address: str) -> str:
+    """The name of the network interface holding IPv4 `address` here ("" if none does)."""
+    import fcntl
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            try:
+                raw = fcntl.ioctl(
+                    sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15])
+                )  # SIOCGIFADDR
+            except OSError:
+                continue
+            if socket.inet_ntoa(raw[20:24]) == address:
+                return name
+    return ""

@@ -74,8 +74,12 @@ class Learner(Actor):
         weight_flattened: bool = True,
         weight_backend: str = "gloo",
         weight_dtype: str = "",
+        follower_hosts: list[dict[str, Any] | None] | None = None,
+        master_port: int = 0,
         **kwargs: Any,
     ) -> None:
+        """`follower_hosts`: where ranks 1..N-1 run when some are on other cluster hosts (see
+        `spawn_followers`), `master_port` the rendezvous port of rank 0's store then."""
         super().__init__(name, **kwargs)
         self.cfg = train if isinstance(train, TrainConfig) else msgspec.convert(train or {}, TrainConfig)
         self.ckpt = ckpt
@@ -89,6 +93,12 @@ class Learner(Actor):
         if ranks < 1:
             raise ValueError(f"ranks must be >= 1, got {ranks}")
         self.ranks = ranks
+        self.follower_hosts = list(follower_hosts or [])
+        if self.follower_hosts and len(self.follower_hosts) != ranks - 1:
+            raise ValueError(
+                f"follower_hosts places {len(self.follower_hosts)} ranks, not ranks - 1 = {ranks - 1}"
+            )
+        self.master_port = master_port
         self._followers: list[Any] = []
         self._rendezvous: dict[str, str] | None = None  # rank 0's torchrun variables, for ranks it starts
         self._store: Any = None  # and its rendezvous store
@@ -200,7 +210,11 @@ class Learner(Actor):
             "resume_from": str(self.resume_from or ""),
         }
         self._followers, self._rendezvous, self._store = spawn_followers(
-            options, world=self.ranks, log_dir=self.run_dir / "logs"
+            options,
+            world=self.ranks,
+            log_dir=self.run_dir / "logs",
+            remote=self.follower_hosts or None,
+            master_port=self.master_port,
         )
         for rank, proc in enumerate(self._followers, start=1):
             self._watchers.append(asyncio.create_task(self._watch(rank, proc), name=f"rank{rank}"))

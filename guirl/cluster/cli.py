@@ -232,7 +232,8 @@ def sweep(spec: ClusterFile, base: Path, grace: float = 15.0) -> str:
     """Whatever of this cluster is left on its hosts: agents (SIGTERM, then SIGKILL after `grace`) and
     Slurm steps (scancel by job name). Returns a note of what had to be killed ("" if nothing)."""
     name = spec.cluster.name
-    pattern = f"guirl[.]cluster[.]agent --cluster {name} "
+    # agents, and learner ranks on other hosts, carry `--cluster NAME` on their command lines
+    pattern = f"guirl[.](cluster[.]agent|learner[.]trainer) --cluster {name} "
     notes = []
     for host in spec.used_hosts():
         launcher = make_launcher(host, spec.hosts[host], name)

@@ -118,8 +118,8 @@ class ClusterRun:
         workers = max(1, len(self.slots))
         learner = self.spec.roles.learner
         train = cfg.train
-        if learner is not None and learner.gpus_per_host is not None:
-            train = msgspec.structs.replace(train, ranks=learner.gpus_per_host)
+        if learner is not None and (learner.gpus_per_host is not None or len(learner.hosts) > 1):
+            train = msgspec.structs.replace(train, ranks=(learner.gpus_per_host or 1) * len(learner.hosts))
         return msgspec.structs.replace(
             cfg,
             train=train,
@@ -130,8 +130,31 @@ class ClusterRun:
         )
 
     def place(self, spec: Any, role: str) -> Any:
-        """`spec` (an ActorSpec) on its role's host, with the host's address in its environment."""
+        """`spec` (an ActorSpec) on its role's host, with the host's address in its environment; the
+        learner also learns where its other ranks run when they span hosts."""
         host = self.host_of(role)
+        learner = self.spec.roles.learner
+        if role == "learner" and learner is not None and len(learner.hosts) > 1:
+            per_host = learner.gpus_per_host or 1
+            ranks: list[dict | None] = []
+            for rank in range(1, per_host * len(learner.hosts)):
+                name = learner.hosts[rank // per_host]
+                ranks.append(
+                    None
+                    if name == learner.hosts[0]
+                    else {
+                        "host": name,
+                        "spec": msgspec.to_builtins(self.spec.hosts[name]),
+                        "cluster": self.name,
+                        "local_rank": rank % per_host,
+                    }
+                )
+            options = {
+                **spec.options,
+                "follower_hosts": ranks,
+                "master_port": self.ports[(learner.hosts[0], "learner.master")],
+            }
+            spec = msgspec.structs.replace(spec, options=options)
         return self.on_host(spec, host)
 
     def on_host(self, spec: Any, host: str) -> Any:

@@ -24,8 +24,8 @@ host = "gpu0"
 host = "gpu0"                       # its engines on the GPUs the placement gives them (NUM_GPUS, ...)
 
 [roles.learner]
-hosts = ["gpu0"]                    # one host (rank 0 runs the learner actor and starts the others)
-gpus_per_host = 4                   # its ranks (train.ranks)
+hosts = ["gpu0"]                    # its hosts; rank 0 (the learner actor) on the first starts the others
+gpus_per_host = 4                   # ranks on each host (train.ranks = gpus_per_host x hosts)
 
 [[roles.env_workers]]
 host = "cpu1"
@@ -103,9 +103,10 @@ class Role(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 class LearnerRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     hosts: list[str]
-    """Hosts of the learner's ranks; the first runs rank 0 (the learner actor)."""
+    """Hosts of the learner's ranks; the first runs rank 0 (the learner actor), which starts the others
+    (torchrun's variables, rendezvous at `master_port` on the first host)."""
     gpus_per_host: Annotated[int, Meta(ge=1)] | None = None
-    """Ranks per host, one per GPU (empty: the config's `train.ranks`)."""
+    """Ranks per host, one per GPU (empty: the config's `train.ranks` on one host, 1 on each of several)."""
     port: Port | None = None
     """The learner actor's mailbox port."""
     master_port: Port | None = None
@@ -239,10 +240,9 @@ def check(spec: ClusterFile) -> None:
         if not r.learner.hosts:
             raise ClusterFileError("roles.learner.hosts: at least one host")
         refs += [(f"roles.learner.hosts[{i}]", h) for i, h in enumerate(r.learner.hosts)]
-    if r.learner is not None and len(r.learner.hosts) > 1:
+    if r.learner is not None and len(set(r.learner.hosts)) != len(r.learner.hosts):
         raise ClusterFileError(
-            "roles.learner.hosts: one host for now (the learner's ranks run on the learner's host; ranks "
-            "across hosts are not supported yet)"
+            "roles.learner.hosts: a host is listed twice (gpus_per_host sets ranks per host)"
         )
     if r.prm is not None:
         refs.append(("roles.prm.host", r.prm.host))

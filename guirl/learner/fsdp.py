@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -91,6 +92,38 @@ def init_distributed(
     master = None
     if store is None and env is not os.environ:
         master = f"tcp://{env.get('MASTER_ADDR', '127.0.0.1')}:{env['MASTER_PORT']}"
+    _gloo_interface(backend, env.get("MASTER_ADDR", "127.0.0.1"))
+    _init_group(backend, master, store, rank, world, timeout_s, device)
+    return DistInfo(rank, world, local_rank, device, initialized=True)
+
+
+def _gloo_interface(backend: str, master_addr: str) -> None:
+    """Gloo devices on the interface the ranks meet on: loopback for ranks of one host, the host's cluster
+    address (`GUIRL_HOST_ADDRESS`) across hosts. Left to itself gloo binds the address the hostname resolves
+    to, an interface the cluster file may not have named. Set for the process's lifetime (later groups, such
+    as the trainer's control group, make devices of their own); an explicit GLOO_SOCKET_IFNAME is kept."""
+    from guirl.net import HOST_ADDRESS_ENV, interface_of
+
+    if "gloo" not in backend or "GLOO_SOCKET_IFNAME" in os.environ:
+        return
+    name = ""
+    if master_addr == "127.0.0.1":
+        name = "lo" if "lo" in {n for _, n in socket.if_nameindex()} else ""
+    elif os.environ.get(HOST_ADDRESS_ENV):
+        name = interface_of(os.environ[HOST_ADDRESS_ENV])
+    if name:
+        os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def _init_group(
+    backend: str,
+    master: str | None,
+    store: Any,
+    rank: int,
+    world: int,
+    timeout_s: float,
+    device: torch.device,
+) -> None:
     dist.init_process_group(
         backend,
         init_method=master,
@@ -101,7 +134,6 @@ def init_distributed(
         # NCCL: bind the group to this GPU now rather than guess it at the first collective.
         device_id=device if device.type == "cuda" else None,
     )
-    return DistInfo(rank, world, local_rank, device, initialized=True)
 
 
 def _device(backend: str, local_rank: int) -> torch.device:

@@ -32,6 +32,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -464,38 +465,107 @@ def follower_env(options: dict[str, Any], *, rank: int, world: int, master_port:
 
 
 def spawn_followers(
-    options: dict[str, Any], *, world: int, log_dir: Path, timeout_s: float = 600.0
+    options: dict[str, Any],
+    *,
+    world: int,
+    log_dir: Path,
+    timeout_s: float = 600.0,
+    remote: list[dict[str, Any] | None] | None = None,
+    master_port: int = 0,
 ) -> tuple[list[Any], dict[str, str], Any]:
-    """Start ranks 1..world-1 on this machine; returns the processes, rank 0's rendezvous (torchrun's
-    variables) and its store, already listening on its port (for `Trainer.load`). Their output goes to
-    `log_dir/learner-rank<i>.log`."""
-    from guirl.net import listening_store
+    """Start ranks 1..world-1; returns the processes, rank 0's rendezvous (torchrun's variables) and its
+    store, already listening on its port (for `Trainer.load`). Their output goes to
+    `log_dir/learner-rank<i>.log`.
 
-    # rank 0's store listens (on loopback only) before the followers are told its port: no free-port
-    # probe, no race
-    store = listening_store("127.0.0.1", 0, world, timedelta(seconds=timeout_s), wait_for_workers=False)
+    Ranks run on this machine, unless `remote[rank - 1]` places one on another cluster host
+    (`{"host": NAME, "spec": Host as a dict, "cluster": NAME, "local_rank": i}`): it is then started through
+    that host's launcher (ssh / srun) with torchrun's variables pointing at this host's cluster address and
+    `master_port`, and stops when its stdin closes (the launcher's connection is its lifeline)."""
+    from guirl.net import host_address, listening_store
+
+    remote = remote or [None] * (world - 1)
+    across = any(r is not None for r in remote)
+    # rank 0's store listens before the followers are told its port: no free-port probe, no race; on
+    # loopback for ranks of this machine, on this host's cluster address when ranks run elsewhere
+    master = host_address() if across else "127.0.0.1"
+    store = listening_store(
+        master, master_port if across else 0, world, timedelta(seconds=timeout_s), wait_for_workers=False
+    )
     port = store.port
     log_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for rank in range(1, world):
+        placed = remote[rank - 1]
         with open(log_dir / f"learner-rank{rank}.log", "ab") as out:
-            procs.append(
-                subprocess.Popen(
-                    follower_command(),
-                    env=follower_env(options, rank=rank, world=world, master_port=port),
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
+            if placed is None:
+                env = follower_env(options, rank=rank, world=world, master_port=port)
+                if across:
+                    env["MASTER_ADDR"] = master
+                procs.append(
+                    subprocess.Popen(
+                        follower_command(),
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
                 )
-            )
+                continue
+            procs.append(_remote_follower(options, placed, rank, world, master, port, out))
     rendezvous = {
         "RANK": "0",
         "LOCAL_RANK": "0",
         "WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": master,
         "MASTER_PORT": str(port),
     }
     return procs, rendezvous, store
+
+
+def _remote_follower(
+    options: dict[str, Any], placed: dict[str, Any], rank: int, world: int, master: str, port: int, out: Any
+) -> Any:
+    """Rank `rank` on another host, through its launcher; stdin is its lifeline."""
+    import msgspec as _msgspec
+
+    from guirl.cluster.launch import _die_with_us, make_launcher
+    from guirl.cluster.spec import Host
+
+    host = _msgspec.convert(placed["spec"], Host)
+    launcher = make_launcher(placed["host"], host, placed["cluster"])
+    variables = {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(placed.get("local_rank", 0)),
+        "WORLD_SIZE": str(world),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+        "GUIRL_LIFELINE": "1",
+        _ENV_OPTIONS: json.dumps(options),
+    }
+    python = host.python or sys.executable
+    argv = ["env", *[f"{k}={v}" for k, v in variables.items()], python, "-m", "guirl.learner.trainer"]
+    argv.extend(["--cluster", placed["cluster"], "--host", placed["host"]])  # its label, for --down
+    return subprocess.Popen(
+        launcher.run_argv(argv),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.PIPE,
+        preexec_fn=_die_with_us,
+        start_new_session=True,
+    )
+
+
+def _lifeline() -> None:
+    """Exit once stdin ends (rank 0's ssh or srun connection to this host went away)."""
+    while True:
+        try:
+            if not os.read(0, 65536):
+                break
+        except InterruptedError:
+            continue
+        except OSError:
+            break
+    os._exit(1)
 
 
 def main() -> None:
@@ -508,6 +578,8 @@ def main() -> None:
         _die_with_parent()
         if os.getppid() != parent:  # rank 0 died before prctl took effect
             sys.exit(1)
+    elif os.environ.get("GUIRL_LIFELINE") == "1":  # on another host: rank 0's launcher connection is ours
+        threading.Thread(target=_lifeline, name="lifeline", daemon=True).start()
     rank = int(os.environ.get("RANK", "-1"))
     if rank < 1:
         sys.exit(f"guirl.learner.trainer runs learner ranks 1..N-1 (RANK={os.environ.get('RANK')!r})")
@@ -523,7 +595,9 @@ def main() -> None:
         temperature=float(opts.get("temperature", 1.0)),
     )
     store, rendezvous = None, None
-    if parent:  # started by rank 0's learner, whose store listens at MASTER_PORT (see spawn_followers)
+    if (
+        parent or os.environ.get("GUIRL_LIFELINE") == "1"
+    ):  # started by rank 0, whose store listens at MASTER_PORT
         from torch.distributed import TCPStore
 
         rendezvous = dict(os.environ)

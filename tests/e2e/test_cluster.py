@@ -47,7 +47,9 @@ def keys(tmp_path_factory):
     return init_keys(tmp_path_factory.mktemp("keys") / "keys").path
 
 
-def ssh_cluster(hosts: NetnsHosts, keys: Path, name: str, *, per_host: int = 1) -> str:
+def ssh_cluster(
+    hosts: NetnsHosts, keys: Path, name: str, *, per_host: int = 1, learner: tuple[str, ...] = ("head",)
+) -> str:
     head, env1, env2 = hosts.names
     opts = ", ".join(json.dumps(o) for o in hosts.ssh_options())
     remote = f'launcher = "ssh"\nssh_user = "root"\nssh_options = [{opts}]\nworkdir = "{ROOT}"'
@@ -76,7 +78,7 @@ host = "head"
 host = "head"
 
 [roles.learner]
-hosts = ["head"]
+hosts = {json.dumps(list(learner))}
 
 [[roles.env_workers]]
 host = "env1"
@@ -163,11 +165,11 @@ def leftovers(name: str, run_root: Path, pids: list[int]) -> list[str]:
     """Processes of the cluster still alive: its agents, anything under its run directory (the local
     desktops: bwrap, Xvfb and the apps run in VM directories there), and the launcher's children."""
     out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
-    marker = f"guirl.cluster.agent --cluster {name} "
+    markers = (f"guirl.cluster.agent --cluster {name} ", f"guirl.learner.trainer --cluster {name} ")
     left = [
         line.strip()
         for line in out.splitlines()
-        if (marker in line or str(run_root) in line) and "ps -eo" not in line
+        if (any(m in line for m in markers) or str(run_root) in line) and "ps -eo" not in line
     ]
     for pid in pids:
         if pid and Path(f"/proc/{pid}").exists():
@@ -205,7 +207,7 @@ def test_a_train_run_across_three_hosts(tmp_path, hosts, keys, tiny_ckpt):
     head, env1, env2 = hosts.names
     name = f"t{hosts.prefix}a"
     cluster = tmp_path / "cluster.toml"
-    cluster.write_text(ssh_cluster(hosts, keys, name))
+    cluster.write_text(ssh_cluster(hosts, keys, name, learner=("head", "env2")))  # 2 ranks across 2 hosts
     env = _env(tmp_path)
     argv = [*LAUNCH, str(cluster), "--mode", "train", "--status-interval", "3"]
     sets = [
@@ -292,6 +294,8 @@ def test_a_train_run_across_three_hosts(tmp_path, hosts, keys, tiny_ckpt):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 8 and summary["final_version"] == 8, out[-3000:]
     assert "added worker2 on env2" in out and "removed worker2 from env2" in out
+    # the learner's second rank ran on env2, started by rank 0 through ssh, and followed every update
+    assert "learner rank 1 of 2 ready" in (run_dir / "logs" / "learner-rank1.log").read_text()
     final = json.loads((run_dir / "coordinator.json").read_text())
     assert final  # the coordinator's schedule was saved
     assert f"[cluster] {name} torn down on 3 host(s)" in out

@@ -228,9 +228,25 @@ def test_not_yet_supported_keys_are_refused():
     with pytest.raises(ClusterFileError, match="roles.broker.gpus: not supported yet"):
         parse_cluster(raw)
     raw = _cluster()
-    raw["roles"]["learner"]["hosts"] = ["head", "cpu"]
-    with pytest.raises(ClusterFileError, match="roles.learner.hosts: one host for now"):
+    raw["roles"]["learner"]["hosts"] = ["head", "head"]
+    with pytest.raises(ClusterFileError, match="roles.learner.hosts: a host is listed twice"):
         parse_cluster(raw)
+
+
+def test_learner_ranks_across_hosts(tmp_path):
+    """Rank 0 (the learner actor) on the first host starts the others: its own host's as children, the
+    other hosts' through their launchers, all meeting at the cluster's learner.master port."""
+    raw = _cluster()
+    raw["roles"]["learner"] = {"hosts": ["head", "cpu"], "gpus_per_host": 2}
+    cluster = ClusterRun(parse_cluster(raw), base_dir=tmp_path)
+    cfg = cluster.apply(load_config(None))
+    assert cfg.train.ranks == 4
+    spec = cluster.place(ActorSpec(name="learner", target="guirl.actors.learner:Learner"), "learner")
+    assert spec.host == "head" and spec.env == {"GUIRL_HOST_ADDRESS": "10.1.0.1"}
+    placed = spec.options["follower_hosts"]
+    assert placed[0] is None and [p["host"] for p in placed[1:]] == ["cpu", "cpu"]
+    assert [p["local_rank"] for p in placed[1:]] == [0, 1] and placed[1]["cluster"] == "t"
+    assert spec.options["master_port"] == cluster.ports[("head", "learner.master")] == 7003
 
 
 def test_hosts_on_one_address_share_its_ports():
