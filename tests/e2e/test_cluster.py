@@ -304,22 +304,26 @@ def test_a_train_run_across_three_hosts(tmp_path, hosts, keys, tiny_ckpt):
     )
 
 
-def _start_long(
-    tmp_path: Path, hosts: NetnsHosts, keys: Path, tiny_ckpt: str, name: str
-) -> tuple[Launcher, Path]:
+def _start_long(tmp_path: Path, hosts: NetnsHosts, keys: Path, name: str) -> tuple[Launcher, Path]:
     cluster = tmp_path / "cluster.toml"
     cluster.write_text(ssh_cluster(hosts, keys, name))
-    sets = [f"run.root_dir={tmp_path / 'runs'}", f"model.hf_ckpt={tiny_ckpt}", "train.updates=500"]
-    argv = [*LAUNCH, str(cluster), "--mode", "train", *[x for s in sets for x in ("--set", s)]]
+    # an evaluation whose (scripted) policy takes 300 s per step: every role up, desktops running, no end
+    sets = [
+        f"run.root_dir={tmp_path / 'runs'}",
+        "inference.backend=scripted",
+        "inference.scripted.latency_s=300",
+    ]
+    argv = [*LAUNCH, str(cluster), "--mode", "eval", *[x for s in sets for x in ("--set", s)]]
     run = Launcher(argv, _env(tmp_path), netns=hosts.names[0])
-    run.wait_for("env worker(s), 2 VMs up")
+    run.wait_for("env worker(s), 2 VMs (1/1) up")
+    run.wait_for("running 2")  # both desktops in an episode
     return run, cluster
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigkill-then-down"])
-def test_teardown_leaves_nothing_on_any_host(tmp_path, hosts, keys, tiny_ckpt, how):
+def test_teardown_leaves_nothing_on_any_host(tmp_path, hosts, keys, how):
     name = f"t{hosts.prefix}{'c' if how == 'ctrl-c' else 'k'}"
-    run, cluster = _start_long(tmp_path, hosts, keys, tiny_ckpt, name)
+    run, cluster = _start_long(tmp_path, hosts, keys, name)
     env = _env(tmp_path)
     try:
         status = control(cluster, env, "--status")
@@ -375,7 +379,7 @@ def test_the_small_cluster_through_slurm(tmp_path, keys, tiny_ckpt):
     A finished run leaves no step; a SIGKILLed launcher's steps are cancelled by --down."""
     with SlurmNode(tmp_path / "slurm") as slurm:
         env = {**slurm.env, "GUIRL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
-        for name, updates in ((f"s{os.getpid()}", 2), (f"s{os.getpid()}k", 500)):
+        for name, mode in ((f"s{os.getpid()}", "train"), (f"s{os.getpid()}k", "eval")):
             cluster = tmp_path / f"{name}.toml"
             cluster.write_text(
                 f"""
@@ -412,17 +416,20 @@ vms = 1
             sets = [
                 f"run.root_dir={root}",
                 f"model.hf_ckpt={tiny_ckpt}",
-                f"train.updates={updates}",
+                "train.updates=2",
                 "agent.max_steps=2",
             ]
+            if mode == "eval":  # a run that does not end: a scripted policy taking 300 s per step
+                sets += ["inference.backend=scripted", "inference.scripted.latency_s=300"]
             run = Launcher(
-                [*LAUNCH, str(cluster), "--mode", "train", *[x for s in sets for x in ("--set", s)]], env
+                [*LAUNCH, str(cluster), "--mode", mode, *[x for s in sets for x in ("--set", s)]], env
             )
             try:
-                run.wait_for("env worker(s), 2 VMs up")
+                run.wait_for("env worker(s), 2 VMs")
                 steps = slurm.jobs(f"guirl-{name}")
-                assert len(steps) == 4, steps  # broker, learner, worker0, worker1
-                if updates == 2:
+                # broker, learner, worker0, worker1 (no learner in an evaluation)
+                assert len(steps) == (4 if mode == "train" else 3), steps
+                if mode == "train":
                     code = run.finish()
                     assert code == 0, run.output()[-4000:]
                     (run_dir,) = root.iterdir()
