@@ -350,6 +350,33 @@ def test_teardown_leaves_nothing_on_any_host(tmp_path, hosts, keys, how):
     assert not (tmp_path / "state" / f"{name}.sock").exists()
 
 
+def test_a_role_that_cannot_start_fails_the_launch_with_its_log(tmp_path, hosts, keys):
+    """env2's guirl install is missing: its worker's start fails with what the host said, the launch ends
+    with an error, and what had started (broker, env1's worker and desktop) is torn down."""
+    name = f"t{hosts.prefix}f"
+    cluster = tmp_path / "cluster.toml"
+    text = ssh_cluster(hosts, keys, name)
+    head, env1, env2 = hosts.names
+    text = text.replace(
+        f'[hosts.env2]\naddress = "{hosts.addresses[env2]}"',
+        f'[hosts.env2]\naddress = "{hosts.addresses[env2]}"\npython = "/nonexistent/bin/python"',
+    )
+    cluster.write_text(text)
+    sets = [
+        f"run.root_dir={tmp_path / 'runs'}",
+        "inference.backend=scripted",
+        "inference.scripted.latency_s=300",
+    ]
+    argv = [*LAUNCH, str(cluster), "--mode", "eval", *[x for s in sets for x in ("--set", s)]]
+    run = Launcher(argv, _env(tmp_path), netns=head)
+    code = run.finish(timeout=180)
+    out = run.output()
+    assert code == 1, out[-3000:]
+    assert "an env worker did not start: actor worker1 exited with 127 before ready; its log ends" in out
+    assert "/nonexistent/bin/python" in out and f"[cluster] {name} torn down on 3 host(s)" in out
+    until(lambda: not leftovers(name, tmp_path / "runs", []), "every process of the cluster gone", timeout=60)
+
+
 def test_control_requests_are_checked(tmp_path, hosts, keys):
     """Bad --add/--remove input is a clear error before anything is sent, and a launcher that is not running
     is said to be so; hostile lines on the control socket are answered with an error (see the unit tests)."""

@@ -165,6 +165,31 @@ def test_an_actor_over_the_command_path(tmp_path):
     run(main(), timeout=120)
 
 
+class SilentLauncher(CommandLauncher):
+    """A host whose command never reports ready (it prints a line of log, then waits)."""
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        return ["sh", "-c", "echo 'loading something slow' >&2; exec sleep 60"]
+
+
+def test_a_role_silent_past_its_timeout_fails_with_its_log_tail(tmp_path):
+    cfg = load_config(None, overrides=["supervisor.start_timeout_s=1"])
+    launcher = SilentLauncher("slow", Host(address="127.0.0.1"), "t")
+
+    async def main():
+        async with Supervisor(cfg, run_dir=str(tmp_path), launchers={"slow": launcher}) as sup:
+            spec = ActorSpec(name="broker", target="guirl.actors.echo:EchoActor", host="slow")
+            with pytest.raises(
+                ActorStartError, match="not ready within 1.0 s; its log ends:\nloading something"
+            ):
+                await sup.start(spec)
+            assert not sup.actors
+
+    run(main(), timeout=60)
+    left = subprocess.run(["pgrep", "-f", "loading something slow"], capture_output=True)
+    assert left.returncode == 1  # the silent command was killed, not left behind
+
+
 def test_closing_stdin_stops_the_agent_cleanly(tmp_path):
     cfg = load_config(None)
     spec = ActorSpec(name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"])
