@@ -341,9 +341,11 @@ async def run_eval(
                 f"[eval] {e.workers} env worker(s), {sum(vms)} VMs ({'/'.join(map(str, vms))}) up", file=out
             )
             await cluster.serve(sup, make_worker, out, coord)
-            status = StatusPrinter(cluster, cluster.status_interval_s, out)
-            await _progress(coord, sup, e.progress_interval_s, out, status)
-            await cluster.close()
+            try:
+                status = StatusPrinter(cluster, cluster.status_interval_s, out)
+                await _progress(coord, sup, e.progress_interval_s, out, status)
+            finally:  # no add/remove may run while (or after) the actors are stopped
+                await cluster.close()
             await sup.stop_all()
     finally:
         await cluster.close()

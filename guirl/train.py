@@ -458,9 +458,11 @@ async def _train(
             print(f"[train] {e.workers} env worker(s), {sum(vms)} VMs up", file=out)
             tracking = _Tracking(tracker, run_dir)
             await cluster.serve(sup, make_worker, out, coord)
-            status = StatusPrinter(cluster, cluster.status_interval_s, out)
-            await _follow(coord, sup, cfg, run_dir, out, tracking, status)
-            await cluster.close()
+            try:
+                status = StatusPrinter(cluster, cluster.status_interval_s, out)
+                await _follow(coord, sup, cfg, run_dir, out, tracking, status)
+            finally:  # no add/remove may run while (or after) the actors are stopped
+                await cluster.close()
             coord.no_more_groups = True  # the updates are made: let the last evaluation finish
             deadline = time.monotonic() + 600
             while coord.evals_pending() and time.monotonic() < deadline:

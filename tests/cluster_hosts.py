@@ -57,7 +57,28 @@ def can_make_hosts() -> str:
     return ""
 
 
-class NetnsHosts:
+class _Started:
+    """Started by `with`: `_up()` on entry (undone by `close()` if it fails half-way), `close()` on exit."""
+
+    def __enter__(self):
+        try:
+            self._up()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _up(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class NetnsHosts(_Started):
     """`n` hosts `<prefix>h1..hn` with addresses 10.<net>.0.11.. on a bridge, each running sshd."""
 
     def __init__(self, n: int, workdir: Path) -> None:
@@ -70,17 +91,6 @@ class NetnsHosts:
         self.addresses = {name: f"10.{self.net}.0.{11 + i}" for i, name in enumerate(self.names)}
         self.sshd: dict[str, subprocess.Popen] = {}
         self.key = workdir / "id_ed25519"
-
-    def __enter__(self) -> NetnsHosts:
-        try:
-            self._up()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _up(self) -> None:
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
@@ -188,7 +198,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class SlurmNode:
+class SlurmNode(_Started):
     """munged + slurmctld + slurmd for one node named `localhost`, all state under `workdir`; `env` is
     what Slurm's client commands need (SLURM_CONF)."""
 
@@ -199,17 +209,6 @@ class SlurmNode:
         self.procs: list[subprocess.Popen] = []
         self.conf = workdir / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-
-    def __enter__(self) -> SlurmNode:
-        try:
-            self._up()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _up(self) -> None:
         d = self.dir

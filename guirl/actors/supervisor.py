@@ -108,8 +108,10 @@ class Supervisor:
         if spec.host and spec.host not in self.launchers:
             raise ActorStartError(f"actor {spec.name}: no launcher for host {spec.host!r}")
         launcher = self.launchers.get(spec.host, self._local)
-        if handle.process is not None:
+        if handle.process is not None:  # a restart: nothing of the last incarnation may be left running
             handle.process.close()
+            if hasattr(launcher, "before_restart"):
+                await launcher.before_restart(spec.name)
         proc = launcher.start(msgspec.msgpack.encode(spec), self._cfg_bytes, spec.name)
         handle.process = proc
         try:
@@ -185,6 +187,8 @@ class Supervisor:
                 continue
             handle.restarts += 1
             self._emit(SupervisorEvent("restarted", name, handle.pid, None, handle.restarts))
+            if handle.stopping:  # stop() came while it was starting: it found nothing to terminate then
+                handle.process.terminate()
 
     async def wait_event(
         self, kind: str, name: str | None = None, *, after: int = 0, timeout: float = 30.0
@@ -206,7 +210,9 @@ class Supervisor:
     async def stop(self, name: str, timeout: float | None = None) -> int | None:
         """Graceful stop: SIGTERM (the actor drains and closes), SIGKILL after `timeout`. Returns the
         exit code. The watcher task alone waits on the process (an fd has one reader per loop)."""
-        handle = self.actors[name]
+        handle = self.actors.get(name)
+        if handle is None:  # already stopped (or being stopped by another caller, which waits for it)
+            return None
         handle.stopping = True
         handle.stop_requested.set()
         timeout = self.sc.stop_timeout_s if timeout is None else timeout
@@ -224,7 +230,7 @@ class Supervisor:
         elif proc is not None and proc.alive():
             proc.kill()
             await asyncio.wait_for(proc.wait(), timeout)
-        del self.actors[name]
+        self.actors.pop(name, None)
         proc = handle.process
         if proc is not None:
             proc.close()
@@ -234,7 +240,8 @@ class Supervisor:
         await asyncio.gather(*(self.stop(n) for n in list(self.actors)))
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
-        """Send a signal to an actor's process (fault injection in tests and the demo)."""
+        """Send a signal to an actor's process (fault injection in tests and the demo); for an actor on
+        another host, to the local client (ssh, srun) whose end the remote agent sees as EOF."""
         handle = self.actors[name]
         handle.process.signal(sig)
         return handle.pid

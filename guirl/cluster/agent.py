@@ -71,11 +71,12 @@ _report_lock = threading.Lock()
 
 
 def _report(obj: dict) -> None:
-    try:
+    data = (json.dumps(obj) + "\n").encode()
+    try:  # on the raw fd: a daemon thread in the buffered stdout could block the interpreter's shutdown
         with _report_lock:
-            sys.stdout.write(json.dumps(obj) + "\n")
-            sys.stdout.flush()
-    except (OSError, ValueError):  # the launcher is gone; the lifeline stops us
+            while data:
+                data = data[os.write(1, data) :]
+    except OSError:  # the launcher is gone; the lifeline stops us
         pass
 
 

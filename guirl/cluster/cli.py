@@ -229,52 +229,67 @@ def down(spec: ClusterFile, base: Path) -> int:
 
 
 def sweep(spec: ClusterFile, base: Path, grace: float = 15.0) -> str:
-    """Whatever of this cluster is left on its hosts: agents (SIGTERM, then SIGKILL after `grace`) and
-    Slurm steps (scancel by job name). Returns a note of what had to be killed ("" if nothing)."""
-    name = spec.cluster.name
-    # agents, and learner ranks on other hosts, carry `--cluster NAME` on their command lines
-    pattern = f"guirl[.](cluster[.]agent|learner[.]trainer) --cluster {name} "
-    notes = []
-    for host in spec.used_hosts():
-        launcher = make_launcher(host, spec.hosts[host], name)
-        if isinstance(launcher, SlurmLauncher):
-            _run(["scancel", f"--name={job_name(name)}"])
-            deadline = time.monotonic() + grace
-            while time.monotonic() < deadline and _slurm_steps(name):
-                time.sleep(0.5)  # waiting on slurmctld's view: nothing to block on
-            if _slurm_steps(name):
-                _run(["scancel", "--signal=KILL", f"--name={job_name(name)}"])
-                notes.append(f"{host}: Slurm steps killed")
-            continue
-        wrap = launcher.run_argv if isinstance(launcher, SSHLauncher) else (lambda argv: argv)
-        if _run(wrap(["pkill", "-TERM", "-f", pattern])) == 0:
-            waited = wrap(
-                [
-                    "sh",
-                    "-c",
-                    f"for i in $(seq {int(grace * 5)}); do pgrep -f '{pattern}' >/dev/null "
-                    "|| exit 0; sleep 0.2; done; exit 1",
-                ]
-            )
-            if _run(waited, timeout=grace + 30) != 0:
-                _run(wrap(["pkill", "-KILL", "-f", pattern]))
-                notes.append(f"{host}: agents killed")
-            else:
-                notes.append(f"{host}: agents stopped")
+    """Whatever of this cluster is left on its hosts, all of them (also those only `--add` used), in
+    parallel: agents and remote learner ranks (SIGTERM, then SIGKILL after `grace`) and Slurm steps
+    (scancel by name). Returns a note of what had to be done ("" if nothing)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, len(spec.hosts))) as pool:
+        notes = [n for n in pool.map(lambda h: _sweep_host(spec, h, grace), spec.hosts) if n]
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def _slurm_steps(name: str) -> bool:
+def _sweep_host(spec: ClusterFile, host: str, grace: float) -> str:
+    name = spec.cluster.name
+    # agents, and learner ranks on other hosts, carry `--cluster NAME` on their command lines
+    pattern = f"guirl[.](cluster[.]agent|learner[.]trainer) --cluster {name} "
+    launcher = make_launcher(host, spec.hosts[host], name)
+    if isinstance(launcher, SlurmLauncher):
+        return _sweep_slurm(name, host, grace)
+    wrap = launcher.run_argv if isinstance(launcher, SSHLauncher) else (lambda argv: argv)
+    code = _run(wrap(["pkill", "-TERM", "-f", pattern]))
+    if code == 1:  # pkill: nothing matched
+        return ""
+    if code != 0:
+        return f"{host}: not reachable to sweep (exit {code}); check it by hand"
+    loop = f"for i in $(seq {int(grace * 5)}); do pgrep -f '{pattern}' >/dev/null || exit 0; sleep 0.2; done"
+    if _run(wrap(["sh", "-c", loop + "; exit 1"]), timeout=grace + 30) == 0:
+        return f"{host}: leftovers stopped"
+    _run(wrap(["pkill", "-KILL", "-f", pattern]))
+    return f"{host}: leftovers killed"
+
+
+def _sweep_slurm(name: str, host: str, grace: float) -> str:
+    """Steps named guirl-NAME: inside an allocation (SLURM_JOB_ID) the launcher's steps of that job, else
+    the jobs of that name."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+
+    def left() -> list[str]:
+        if job:
+            rows = [r.split() for r in _out(["squeue", "-h", "-s", "-j", job, "-o", "%i %j"]).splitlines()]
+            return [r[0] for r in rows if r[1:] == [job_name(name)]]
+        return _out(["squeue", "-h", f"--name={job_name(name)}", "-o", "%i"]).split()
+
+    def cancel(*flags: str) -> None:
+        _run(["scancel", *flags, *left()] if job else ["scancel", *flags, f"--name={job_name(name)}"])
+
+    if not left():
+        return ""
+    cancel()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and left():
+        time.sleep(0.5)  # waiting on slurmctld's view: nothing to block on
+    if left():
+        cancel("--signal=KILL")
+        return f"{host}: Slurm steps killed"
+    return f"{host}: Slurm steps cancelled"
+
+
+def _out(argv: list[str]) -> str:
     try:
-        out = subprocess.run(
-            ["squeue", "-h", f"--name={job_name(name)}", "-o", "%i"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        ).stdout
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return False
-    return bool(out.strip())
+        return ""
 
 
 def _run(argv: list[str], timeout: float = 60.0) -> int:

@@ -164,9 +164,15 @@ class LocalLauncher:
 # -- ssh and slurm: an agent command whose stdio is the channel --------------------------------------
 
 
+try:  # resolved here, in the parent: a forked child of a threaded process must not dlopen
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
 def _die_with_us() -> None:  # runs in the child before exec: the client dies if the launcher does
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def agent_payload(spec_bytes: bytes, cfg_bytes: bytes) -> bytes:
@@ -216,18 +222,18 @@ class CommandProcess:
 
     async def _read_reports(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        async for raw in self.proc.stdout:
+        async for raw in _lines(self.proc.stdout):
             line = raw.decode("utf-8", "replace").strip()
             try:
                 report = json.loads(line)
             except ValueError:
                 report = None
-            if not isinstance(report, dict):  # something else printed on stdout: it is log, not a report
-                self._log_line(line)
-                continue
-            if "load" in report:  # the agent's periodic report of its host's load average
+            if isinstance(report, dict) and "load" in report:  # the agent's report of its host's load
                 with contextlib.suppress(TypeError, ValueError):
                     self.load = float(report["load"])
+                continue
+            if not (isinstance(report, dict) and ("ready" in report or "exit" in report)):
+                self._log_line(line)  # anything else on stdout (a library, a child process) is log
                 continue
             if "exit" in report:
                 self._exit = report
@@ -235,12 +241,14 @@ class CommandProcess:
 
     async def _read_log(self) -> None:
         assert self.proc is not None and self.proc.stderr is not None
-        async for raw in self.proc.stderr:
+        async for raw in _lines(self.proc.stderr):
             self._log_line(raw.decode("utf-8", "replace").rstrip("\n"))
 
     def _log_line(self, line: str) -> None:
         if not line:
             return
+        if len(line) > 8192:
+            line = line[:8192] + f" … ({len(line) - 8192} more characters)"
         self.tail.append(line)
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.write(line + "\n")  # the actor's log, as a local child's would be
@@ -269,7 +277,8 @@ class CommandProcess:
                 self.pid = int(report.get("pid", 0))
                 return report
             if exited in done or report_task in done:
-                await asyncio.gather(*self._tasks, return_exceptions=True)  # the whole log
+                with contextlib.suppress(TimeoutError):  # the rest of its log, if it comes soon
+                    await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 5.0)
                 raise ActorStartError(
                     f"actor {name} exited with {self.proc.returncode} before ready; its log ends:\n"
                     f"{self.log_tail() or '(nothing)'}"
@@ -312,6 +321,20 @@ class CommandProcess:
             task.cancel()
 
 
+async def _lines(stream: asyncio.StreamReader):
+    """The stream's lines; one longer than the reader's limit is replaced by a note instead of ending the
+    reading (a reader that stops would leave the remote process blocked on a full pipe)."""
+    while True:
+        try:
+            raw = await stream.readline()
+        except ValueError:  # over the limit: asyncio dropped it
+            yield b"(a line over 1 MiB was dropped)\n"
+            continue
+        if not raw:
+            return
+        yield raw
+
+
 def agent_argv(python: str, cluster: str, host: str, name: str) -> list[str]:
     return [python, "-m", AGENT_MODULE, "--cluster", cluster, "--host", host, "--actor", name]
 
@@ -342,26 +365,35 @@ class CommandLauncher:
         """A one-off command on the host (the teardown's), wrapped as the agent's would be."""
         return self.wrap(argv)
 
+    async def before_restart(self, name: str) -> None:
+        """Kill whatever is left of the actor's last incarnation on the host. Its client (ssh, srun) died,
+        but the agent may not have noticed yet (a network cut sshd has not seen): a new one beside it would
+        find its endpoints taken, or play its episodes twice."""
+        pattern = f"guirl[.]cluster[.]agent --cluster {self.cluster} --host {self.host} --actor {name}$"
+        proc = await asyncio.create_subprocess_exec(
+            *self.run_argv(["pkill", "-KILL", "-f", pattern]),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            await asyncio.wait_for(proc.wait(), 60.0)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
 
 class SSHLauncher(CommandLauncher):
     """The OpenSSH client: `ssh [-p PORT] [-o ...] [USER@]ADDRESS 'cd WORKDIR && exec env ... CMD'`."""
 
+    DEFAULTS = ("BatchMode=yes", "ServerAliveInterval=5", "ServerAliveCountMax=3", "ConnectTimeout=15")
+
     def ssh_base(self) -> list[str]:
         h = self.spec
-        argv = [
-            "ssh",
-            "-T",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ServerAliveInterval=5",
-            "-o",
-            "ServerAliveCountMax=3",
-        ]
-        argv += ["-p", str(h.ssh_port)]
-        for opt in h.ssh_options:
+        argv = ["ssh", "-T", "-p", str(h.ssh_port)]
+        for opt in (*h.ssh_options, *self.DEFAULTS):  # ssh keeps the first value given: the host's own win
             argv += ["-o", opt]
-        argv.append(f"{h.ssh_user}@{h.address}" if h.ssh_user else h.address)
+        argv += ["--", f"{h.ssh_user}@{h.address}" if h.ssh_user else h.address]
         return argv
 
     def wrap(self, argv: list[str]) -> list[str]:
@@ -387,6 +419,8 @@ class SlurmLauncher(CommandLauncher):
             "--kill-on-bad-exit=1",
         ]
         out.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in self.agent_env().items()))
+        if os.environ.get("SLURM_JOB_ID"):  # steps of the launcher's allocation share its resources
+            out.append("--overlap")
         if h.slurm_node:
             out.append(f"--nodelist={h.slurm_node}")
         if h.workdir:

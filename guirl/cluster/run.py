@@ -67,6 +67,7 @@ class ClusterRun:
         self.next_worker = len(self.slots)
         self.status_interval_s = 10.0
         self._server: asyncio.AbstractServer | None = None
+        self._handlers: set[asyncio.Task] = set()
         self._coord: Any = None
 
     @classmethod
@@ -175,12 +176,20 @@ class ClusterRun:
         if not self.control:
             return
         path = control_path(self.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if path.exists():
             path.unlink()
         lock = asyncio.Lock()
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            self._handlers.add(task)
+            try:
+                await answer(reader, writer)
+            finally:
+                self._handlers.discard(task)
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 line = await asyncio.wait_for(reader.readline(), 10.0)
                 if len(line) > MAX_CONTROL_LINE:
@@ -197,8 +206,11 @@ class ClusterRun:
                 await writer.drain()
                 writer.close()
 
-        self._server = await asyncio.start_unix_server(handle, path=str(path), limit=MAX_CONTROL_LINE * 2)
-        os.chmod(path, 0o600)
+        old_mask = os.umask(0o177)  # the socket is created 0600, not made so after the fact
+        try:
+            self._server = await asyncio.start_unix_server(handle, path=str(path), limit=MAX_CONTROL_LINE * 2)
+        finally:
+            os.umask(old_mask)
 
     async def control_request(self, request: Any, sup: Any, make_worker: Callable, out: TextIO) -> dict:
         if not isinstance(request, dict) or request.get("op") not in ("add", "remove", "status"):
@@ -254,6 +266,12 @@ class ClusterRun:
         return {n: h.spec.host for n, h in sup.actors.items() if n.startswith("worker")}
 
     async def close(self) -> None:
+        """Stop taking requests, and end those being answered (before the run's actors are stopped, so that
+        an `add` cannot start a worker nobody will stop)."""
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):

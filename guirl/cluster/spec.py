@@ -42,6 +42,7 @@ bind all interfaces without `bind_all = true` are refused. `single_host()` is th
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -257,11 +258,23 @@ def check(spec: ClusterFile) -> None:
         if host not in spec.hosts:
             known = ", ".join(sorted(spec.hosts)) or "none"
             raise ClusterFileError(f"{key}: no host {host!r} in [hosts] (known: {known})")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", spec.cluster.name):
+        raise ClusterFileError(
+            f"cluster.name {spec.cluster.name!r}: letters, digits, '-' and '_' only (at most 64); it labels "
+            "the cluster's processes on every host and names its control socket"
+        )
     for name, host in spec.hosts.items():
         try:
             address = ipaddress.ip_address(host.address)
         except ValueError:
             raise ClusterFileError(f"hosts.{name}.address: {host.address!r} is not an IP address") from None
+        if address.version != 4:
+            raise ClusterFileError(
+                f"hosts.{name}.address: {host.address} is IPv6; give the host's IPv4 address"
+            )
+        for key in ("ssh_user", "slurm_node", "python", "workdir"):
+            if getattr(host, key).startswith("-"):
+                raise ClusterFileError(f"hosts.{name}.{key}: {getattr(host, key)!r} may not start with '-'")
         if address.is_unspecified and not spec.cluster.bind_all:
             raise ClusterFileError(
                 f"hosts.{name}.address: {host.address} would bind every interface; give the host's address, "

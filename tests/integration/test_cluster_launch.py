@@ -87,6 +87,19 @@ def test_ssh_and_srun_commands():
     assert "--nodelist=n7" in argv and "--chdir=/w" in argv and "--partition=cpu" in argv
     assert "--export=ALL,GUIRL_HOST_ADDRESS=10.0.0.3,PYTHONUNBUFFERED=1" in argv
     assert argv[-6:] == ["--cluster", "c1", "--host", "n", "--actor", "broker"]
+    assert argv.index("-o") < argv.index("IdentityFile=/k/id") if "IdentityFile=/k/id" in argv else True
+
+
+def test_ssh_options_of_the_host_come_first_and_srun_overlaps_inside_an_allocation(monkeypatch):
+    host = Host(address="10.0.0.2", launcher="ssh", ssh_options=["ConnectTimeout=3"])
+    argv = SSHLauncher("h", host, "c").start(b"s", b"c", "w").argv
+    opts = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    assert opts.index("ConnectTimeout=3") < opts.index("ConnectTimeout=15")  # ssh keeps the first
+    assert argv[argv.index("--") + 1] == "10.0.0.2"
+    slurm = Host(address="10.0.0.3", launcher="slurm")
+    assert "--overlap" not in SlurmLauncher("n", slurm, "c").start(b"s", b"c", "w").argv
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    assert "--overlap" in SlurmLauncher("n", slurm, "c").start(b"s", b"c", "w").argv
 
 
 # -- the agent's protocol --------------------------------------------------------------------------------
@@ -163,6 +176,35 @@ def test_an_actor_over_the_command_path(tmp_path):
                 await sup.start(ActorSpec(name="x", target="guirl.actors.echo:EchoActor", host="mars"))
 
     run(main(), timeout=120)
+
+
+class NoisyLauncher(CommandLauncher):
+    """The agent behind a command that first prints a JSON object that is not a report on stdout, and a
+    line longer than the reader's limit on stderr."""
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        noise = "echo '{\"status\": \"ok\"}'; head -c 2000000 /dev/zero | tr '\\0' x >&2; echo >&2"
+        return ["sh", "-c", noise + '; exec "$@"', "sh", *argv]
+
+
+def test_noise_before_ready_is_log_and_a_huge_line_does_not_stop_the_reader(tmp_path):
+    cfg = load_config(None)
+    launcher = NoisyLauncher("noisy", Host(address="127.0.0.1"), "t")
+
+    async def main():
+        async with Supervisor(cfg, run_dir=str(tmp_path), launchers={"noisy": launcher}) as sup:
+            spec = ActorSpec(
+                name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"], host="noisy"
+            )
+            handle = await sup.start(spec)
+            tail = handle.process.log_tail()
+            assert '{"status": "ok"}' in tail and "a line over 1 MiB was dropped" in tail
+            # stopped twice at once (a --remove racing the end of the run): one stop, no error
+            codes = await asyncio.gather(sup.stop("echo"), sup.stop("echo"))
+            assert codes == [0, 0] and not sup.actors
+            assert await sup.stop("echo") is None  # and once more, when it is gone
+
+    run(main(), timeout=60)
 
 
 class SilentLauncher(CommandLauncher):
@@ -245,6 +287,26 @@ def test_the_one_host_cluster_leaves_the_config_alone():
 def test_the_coordinator_runs_in_the_launcher(change, message):
     with pytest.raises(ClusterFileError, match='must have launcher = "local"'):
         ClusterRun(parse_cluster(_cluster(**change)))
+
+
+@pytest.mark.parametrize(
+    "where, value, message",
+    [
+        (("cluster", "name"), "a b", "cluster.name 'a b': letters, digits"),
+        (("cluster", "name"), "x'; rm -rf /", "letters, digits"),
+        (("cluster", "name"), "../up", "letters, digits"),
+        (("hosts", "cpu", "address"), "fd00::2", "hosts.cpu.address: fd00::2 is IPv6"),
+        (("hosts", "cpu", "ssh_user"), "-oProxyCommand=x", "hosts.cpu.ssh_user: '-oProxyCommand=x' may not"),
+    ],
+)
+def test_names_and_addresses_that_would_reach_a_shell_or_a_path_are_refused(where, value, message):
+    raw = _cluster()
+    node = raw
+    for key in where[:-1]:
+        node = node[key]
+    node[where[-1]] = value
+    with pytest.raises(ClusterFileError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        parse_cluster(raw)
 
 
 def test_not_yet_supported_keys_are_refused():
