@@ -154,7 +154,10 @@ def test_routes_around_a_dead_engine():
             async def body(broker, conn):
                 first = await asyncio.gather(*(conn.request(_request(i)) for i in range(4)))
                 assert {r.text for r in first} <= {"from A", "from B"}
-                a.fail_next(100, status=503)  # A starts failing every request
+                # A goes down: every request fails, and so do its health checks (were they to pass,
+                # the health loop could revive A between a failed batch and its retry)
+                a.fail_next(100, status=503)
+                a.unhealthy = True
                 later = await asyncio.gather(*(conn.request(_request(i)) for i in range(4, 12)))
                 assert all(r.text == "from B" for r in later)
                 assert broker.counters["batches.failed"] >= 1 or broker.counters["engines.marked_dead"] >= 1

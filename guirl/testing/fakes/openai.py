@@ -37,7 +37,8 @@ class FakeOpenAIServer:
     `error` (answer that HTTP status with an OpenAI error body), or `raw` (send this JSON as the whole
     body, e.g. one missing fields). Fault switches, settable at any time: `fail_next(n, status)`,
     `delay_s` (answer late), `hang` (never answer until closed), `garbage` (a 200 whose body is not
-    JSON), `endless` (a 200 whose body never ends). With `api_key`, requests without that bearer token
+    JSON), `endless` (a 200 whose body never ends), `unhealthy` (`/v1/models` answers 503: health checks
+    fail). With `api_key`, requests without that bearer token
     get a 401. Every completion request is recorded in `requests`; `max_inflight` is the most served
     at once.
     """
@@ -58,6 +59,7 @@ class FakeOpenAIServer:
         self.hang = False
         self.garbage = False
         self.endless = False
+        self.unhealthy = False
         self.requests: list[ReceivedRequest] = []
         self.max_inflight = 0
         self.port = 0
@@ -121,6 +123,10 @@ class FakeOpenAIServer:
     async def _models(self, request: web.Request) -> web.Response:
         if (refused := self._unauthorized(request)) or (refused := await self._stall()):
             return refused
+        if self.unhealthy:
+            return web.json_response(
+                {"error": {"message": "unavailable", "type": "server_error"}}, status=503
+            )
         model = {"id": self.model, "object": "model", "created": 0, "owned_by": "guirl-fake"}
         return web.json_response({"object": "list", "data": [model]})
 
