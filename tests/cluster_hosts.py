@@ -280,6 +280,22 @@ class SlurmNode(_Started):
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
 
+    def allocate(self) -> str:
+        """A job allocation of the node with no shell (as `salloc` gives a user); its job id."""
+        out = subprocess.run(
+            ["salloc", "-N1", "--no-shell", "--job-name=alloc"], capture_output=True, text=True, env=self.env
+        )
+        words = (out.stdout + out.stderr).split("Granted job allocation ", 1)
+        if len(words) < 2:
+            raise RuntimeError(f"salloc gave no allocation: {out.stderr}")
+        return words[1].split()[0]
+
+    def steps(self, job: str, name: str) -> list[str]:
+        """Steps of `job` named `name`."""
+        argv = ["squeue", "-h", "-s", "-j", job, "-o", "%i %j"]
+        rows = subprocess.run(argv, capture_output=True, text=True, env=self.env).stdout.splitlines()
+        return [r.split()[0] for r in rows if r.split()[1:] == [name]]
+
     def jobs(self, name: str = "") -> list[str]:
         argv = ["squeue", "-h", "-o", "%i %j %T"] + ([f"--name={name}"] if name else [])
         return subprocess.run(argv, capture_output=True, text=True, env=self.env).stdout.split("\n")[:-1]

@@ -403,10 +403,22 @@ def test_control_requests_are_checked(tmp_path, hosts, keys):
 @pytest.mark.skipif(bool(can_run_slurm()), reason=can_run_slurm() or "")
 def test_the_small_cluster_through_slurm(tmp_path, keys, tiny_ckpt):
     """Broker, learner and two env workers as Slurm job steps on the node; the coordinator in the launcher.
-    A finished run leaves no step; a SIGKILLed launcher's steps are cancelled by --down."""
+    A finished run leaves no step; a SIGKILLed launcher's steps are cancelled by --down, also when the
+    launcher ran inside an allocation (its steps are that job's, which --down leaves allocated)."""
     with SlurmNode(tmp_path / "slurm") as slurm:
-        env = {**slurm.env, "GUIRL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
-        for name, mode in ((f"s{os.getpid()}", "train"), (f"s{os.getpid()}k", "eval")):
+        base_env = {**slurm.env, "GUIRL_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+        job = slurm.allocate()
+        runs = (
+            (f"s{os.getpid()}", "train", ""),
+            (f"s{os.getpid()}k", "eval", ""),
+            (f"s{os.getpid()}a", "eval", job),
+        )
+        for name, mode, allocation in runs:
+            env = {**base_env, "SLURM_JOB_ID": allocation} if allocation else base_env
+
+            def steps(name: str = name, allocation: str = allocation) -> list[str]:
+                return slurm.steps(allocation, f"guirl-{name}") if allocation else slurm.jobs(f"guirl-{name}")
+
             cluster = tmp_path / f"{name}.toml"
             cluster.write_text(
                 f"""
@@ -453,9 +465,8 @@ vms = 1
             )
             try:
                 run.wait_for("env worker(s), 2 VMs")
-                steps = slurm.jobs(f"guirl-{name}")
                 # broker, learner, worker0, worker1 (no learner in an evaluation)
-                assert len(steps) == (4 if mode == "train" else 3), steps
+                assert len(steps()) == (4 if mode == "train" else 3), steps()
                 if mode == "train":
                     code = run.finish()
                     assert code == 0, run.output()[-4000:]
@@ -475,9 +486,9 @@ vms = 1
             finally:
                 if run.proc.poll() is None:
                     os.killpg(run.proc.pid, signal.SIGKILL)
-            until(
-                lambda n=name: not slurm.jobs(f"guirl-{n}"), "no Slurm step of the cluster left", timeout=90
-            )
+            until(lambda s=steps: not s(), "no Slurm step of the cluster left", timeout=90)
+            if allocation:
+                assert any(row.split()[0] == allocation for row in slurm.jobs()), "--down took the allocation"
             until(
                 lambda n=name, r=root: not leftovers(n, r, []), "no process of the cluster left", timeout=90
             )
