@@ -283,9 +283,9 @@ async def run_eval(
         tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit or e.limit)
     else:
         tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
-    from guirl.placement import apply, plan
+    from guirl.placement import apply
 
-    placement = plan(cfg, "eval")
+    placement = cluster.plan(cfg, "eval")  # the GPU layout (per host when the cluster file names GPUs)
     cfg = apply(cfg, placement)
     ckpt = resolve_checkpoint(cfg)
     run_dir = run_dir or make_run_dir(cfg)

@@ -300,9 +300,9 @@ async def run_train(
             if t.eval_every
             else []
         )
-    from guirl.placement import apply, plan
+    from guirl.placement import apply
 
-    placement = plan(cfg, "train")
+    placement = cluster.plan(cfg, "train")  # the GPU layout (per host when the cluster file names GPUs)
     cfg = apply(cfg, placement)
     ckpt = resolve_checkpoint(cfg)
     judge_ckpt = resolve_prm_checkpoint(cfg) if cfg.prm.enabled else None

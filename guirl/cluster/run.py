@@ -119,8 +119,9 @@ class ClusterRun:
         workers = max(1, len(self.slots))
         learner = self.spec.roles.learner
         train = cfg.train
-        if learner is not None and (learner.gpus_per_host is not None or len(learner.hosts) > 1):
-            train = msgspec.structs.replace(train, ranks=(learner.gpus_per_host or 1) * len(learner.hosts))
+        per_host = (learner.gpus_per_host or len(learner.gpus) or None) if learner is not None else None
+        if learner is not None and (per_host is not None or len(learner.hosts) > 1):
+            train = msgspec.structs.replace(train, ranks=(per_host or 1) * len(learner.hosts))
         return msgspec.structs.replace(
             cfg,
             train=train,
@@ -130,13 +131,74 @@ class ClusterRun:
             env=msgspec.structs.replace(cfg.env, max_envs=sum(n for _, n in self.slots) or 1),
         )
 
+    # -- GPUs ---------------------------------------------------------------------------------------------
+
+    @property
+    def names_gpus(self) -> bool:
+        r = self.spec.roles
+        return bool(r.broker.gpus or (r.prm and r.prm.gpus) or (r.learner and r.learner.gpus))
+
+    def broker_gpus(self) -> list[str]:
+        """What the broker's process sees: its rollout engines' GPUs, then the judge's (one host)."""
+        r = self.spec.roles
+        return [str(g) for g in (*r.broker.gpus, *(r.prm.gpus if r.prm else []))]
+
+    def plan(self, cfg: GuirlConfig, mode: str) -> Any:
+        """The run's GPU layout. Without GPU ids in the cluster file, `guirl.placement.plan` over this
+        host's CUDA_VISIBLE_DEVICES and NUM_GPUS / ACTOR_GPUS / ROLLOUT_GPUS / PRM_GPUS. With them, the same
+        rules over the roles' own GPUs, each process seeing only its role's: the learner's ranks their
+        `roles.learner.gpus`, the broker its engines' (rollout, then judge), so engine ordinals count from
+        there and the same physical ids may recur on other hosts."""
+        import dataclasses
+
+        from guirl.placement import plan
+
+        if self.single or not self.names_gpus:
+            return plan(cfg, mode)  # type: ignore[arg-type]
+        r = self.spec.roles
+        train = mode == "train"
+        on_gpu = train and cfg.train.device != "cpu"
+        learner = [str(g) for g in (r.learner.gpus if r.learner and on_gpu else [])]
+        if on_gpu and not learner:
+            raise ClusterFileError(
+                "roles.learner.gpus: the cluster file names the engines' GPUs, so it must name the learner's "
+                '(or set train.device = "cpu")'
+            )
+        rollout = [str(g) for g in r.broker.gpus]
+        judge = [str(g) for g in (r.prm.gpus if r.prm and train and cfg.prm.enabled else [])]
+        tokens = [f"learner:{g}" for g in learner] + [f"broker:{g}" for g in rollout + judge]
+        counts = msgspec.structs.replace(
+            cfg.cluster,
+            num_gpus=len(tokens),
+            actor_gpus=len(learner),
+            rollout_gpus=len(rollout),
+            prm_gpus=len(judge),
+        )
+        one_host = msgspec.structs.replace(
+            cfg, cluster=counts, train=msgspec.structs.replace(cfg.train, ranks=max(1, len(learner)))
+        )
+        laid = plan(one_host, mode, visible=",".join(tokens))  # type: ignore[arg-type]
+        seen = self.broker_gpus()
+
+        def per_host(engine: Any) -> Any:
+            gpus = tuple(g.split(":", 1)[1] for g in engine.gpus)
+            return dataclasses.replace(engine, gpus=gpus, ordinals=tuple(seen.index(g) for g in gpus))
+
+        return dataclasses.replace(
+            laid,
+            learner_gpus=tuple(learner),
+            learner_ordinals=tuple(range(len(learner))),
+            rollout=tuple(per_host(e) for e in laid.rollout),
+            judge=tuple(per_host(e) for e in laid.judge),
+        )
+
     def place(self, spec: Any, role: str) -> Any:
         """`spec` (an ActorSpec) on its role's host, with the host's address in its environment; the
         learner also learns where its other ranks run when they span hosts."""
         host = self.host_of(role)
         learner = self.spec.roles.learner
         if role == "learner" and learner is not None and len(learner.hosts) > 1:
-            per_host = learner.gpus_per_host or 1
+            per_host = learner.gpus_per_host or len(learner.gpus) or 1
             ranks: list[dict | None] = []
             for rank in range(1, per_host * len(learner.hosts)):
                 name = learner.hosts[rank // per_host]
@@ -156,6 +218,10 @@ class ClusterRun:
                 "master_port": self.ports[(learner.hosts[0], "learner.master")],
             }
             spec = msgspec.structs.replace(spec, options=options)
+        if role == "broker" and self.names_gpus and not self.single and self.broker_gpus():
+            spec = msgspec.structs.replace(
+                spec, env={**spec.env, "CUDA_VISIBLE_DEVICES": ",".join(self.broker_gpus())}
+            )
         return self.on_host(spec, host)
 
     def on_host(self, spec: Any, host: str) -> Any:

@@ -21,11 +21,12 @@ launcher = "ssh"
 host = "gpu0"
 
 [roles.broker]
-host = "gpu0"                       # its engines on the GPUs the placement gives them (NUM_GPUS, ...)
+host = "gpu0"
+gpus = [4, 5, 6, 7]                 # its engines' GPUs on that host (the judge's: roles.prm.gpus)
 
 [roles.learner]
 hosts = ["gpu0"]                    # its hosts; rank 0 (the learner actor) on the first starts the others
-gpus_per_host = 4                   # ranks on each host (train.ranks = gpus_per_host x hosts)
+gpus = [0, 1, 2, 3]                 # one rank per GPU on each host (train.ranks = 4 x hosts)
 
 [[roles.env_workers]]
 host = "cpu1"
@@ -98,8 +99,9 @@ class Role(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: Port | None = None
     """Its mailbox's port (empty: the next free one of the cluster's port range)."""
     gpus: list[Count] = msgspec.field(default_factory=list)
-    """GPU ids on the host (broker engines, PRM). Not wired yet: a file that sets them is refused; the GPU
-    split comes from NUM_GPUS / ACTOR_GPUS / ROLLOUT_GPUS / PRM_GPUS and each host's CUDA_VISIBLE_DEVICES."""
+    """Physical GPU ids on the role's host: the broker's rollout engines (`roles.broker.gpus`), the judge's
+    engines (`roles.prm.gpus`: on the broker's host, which serves the judge). Empty: the split comes from
+    NUM_GPUS / ACTOR_GPUS / ROLLOUT_GPUS / PRM_GPUS on one host's CUDA_VISIBLE_DEVICES."""
 
 
 class LearnerRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -108,6 +110,9 @@ class LearnerRole(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (torchrun's variables, rendezvous at `master_port` on the first host)."""
     gpus_per_host: Annotated[int, Meta(ge=1)] | None = None
     """Ranks per host, one per GPU (empty: the config's `train.ranks` on one host, 1 on each of several)."""
+    gpus: list[Count] = msgspec.field(default_factory=list)
+    """Physical GPU ids of the ranks on each learner host (as many as `gpus_per_host`, which they set when
+    it is empty); empty: see `roles.broker.gpus`."""
     port: Port | None = None
     """The learner actor's mailbox port."""
     master_port: Port | None = None
@@ -247,11 +252,32 @@ def check(spec: ClusterFile) -> None:
         )
     if r.prm is not None:
         refs.append(("roles.prm.host", r.prm.host))
-    for name, role in (("coordinator", r.coordinator), ("broker", r.broker), ("prm", r.prm)):
-        if role is not None and role.gpus:
+    if r.coordinator.gpus:
+        raise ClusterFileError("roles.coordinator.gpus: the coordinator uses no GPU")
+    named = {"roles.broker.gpus": r.broker.gpus, "roles.prm.gpus": r.prm.gpus if r.prm else []}
+    named["roles.learner.gpus"] = r.learner.gpus if r.learner else []
+    for key, ids in named.items():
+        if len(set(ids)) != len(ids):
+            raise ClusterFileError(f"{key}: {ids} lists a GPU twice")
+    if (
+        r.learner is not None
+        and r.learner.gpus
+        and r.learner.gpus_per_host not in (None, len(r.learner.gpus))
+    ):
+        raise ClusterFileError(
+            f"roles.learner.gpus: {len(r.learner.gpus)} GPU(s), but gpus_per_host is "
+            f"{r.learner.gpus_per_host}"
+        )
+    shared = set(r.broker.gpus) & set(named["roles.prm.gpus"])
+    if shared:
+        raise ClusterFileError(
+            f"roles.prm.gpus: GPU(s) {sorted(shared)} are the broker's too (both on its host)"
+        )
+    if r.learner is not None and r.broker.host in r.learner.hosts:
+        both = set(r.learner.gpus) & (set(r.broker.gpus) | set(named["roles.prm.gpus"]))
+        if both:
             raise ClusterFileError(
-                f"roles.{name}.gpus: not supported yet; the GPU split comes from NUM_GPUS / ACTOR_GPUS / "
-                "ROLLOUT_GPUS / PRM_GPUS and CUDA_VISIBLE_DEVICES on each host (README, GPUs)"
+                f"roles.learner.gpus: GPU(s) {sorted(both)} of host {r.broker.host!r} are the broker's too"
             )
     refs += [(f"roles.env_workers[{i}].host", w.host) for i, w in enumerate(r.env_workers)]
     for key, host in refs:

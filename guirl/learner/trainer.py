@@ -542,6 +542,8 @@ def _remote_follower(
         "GUIRL_LIFELINE": "1",
         _ENV_OPTIONS: json.dumps(options),
     }
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):  # the learner's GPUs (the same ids on every learner host)
+        variables["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     python = host.python or sys.executable
     argv = ["env", *[f"{k}={v}" for k, v in variables.items()], python, "-m", "guirl.learner.trainer"]
     argv.extend(["--cluster", placed["cluster"], "--host", placed["host"]])  # its label, for --down

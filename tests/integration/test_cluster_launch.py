@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -309,11 +310,7 @@ def test_names_and_addresses_that_would_reach_a_shell_or_a_path_are_refused(wher
         parse_cluster(raw)
 
 
-def test_not_yet_supported_keys_are_refused():
-    raw = _cluster()
-    raw["roles"]["broker"]["gpus"] = [4, 5]
-    with pytest.raises(ClusterFileError, match="roles.broker.gpus: not supported yet"):
-        parse_cluster(raw)
+def test_a_learner_host_listed_twice_is_refused():
     raw = _cluster()
     raw["roles"]["learner"]["hosts"] = ["head", "head"]
     with pytest.raises(ClusterFileError, match="roles.learner.hosts: a host is listed twice"):
@@ -393,3 +390,78 @@ def test_the_control_socket_answers_hostile_requests(tmp_path, monkeypatch):
             assert not control_path(name).exists()
 
     run(main(), timeout=60)
+
+
+# -- GPUs named in the cluster file -------------------------------------------------------------------------
+
+
+def _gpu_cluster(**roles) -> ClusterRun:
+    raw = _cluster()
+    raw["hosts"]["gpu1"] = {"address": "10.1.0.3", "launcher": "ssh"}
+    raw["roles"]["broker"] = {"host": "gpu1", "gpus": [4, 5, 6, 7]}
+    raw["roles"]["learner"] = {"hosts": ["head"], "gpus": [0, 1, 2, 3]}
+    raw["roles"].update(roles)
+    return ClusterRun(parse_cluster(raw))
+
+
+def test_gpus_named_per_role_place_each_process_on_its_own():
+    """Learner ranks on GPUs 0-3 of their host, the broker's SGLang servers on 4-7 of another: each process
+    sees only its role's GPUs, so hf engines count ordinals from 0 there."""
+    cluster = _gpu_cluster()
+    cfg = cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_8b_rl.toml", env={}))
+    assert cfg.train.ranks == 4
+    laid = cluster.plan(cfg, "train")
+    assert laid.learner_gpus == ("0", "1", "2", "3") and laid.learner_env() == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3"
+    }
+    assert [e.gpus for e in laid.rollout] == [
+        ("4",),
+        ("5",),
+        ("6",),
+        ("7",),
+    ]  # CUDA_VISIBLE_DEVICES of a server
+    assert [e.ordinals for e in laid.rollout] == [(0,), (1,), (2,), (3,)]
+    broker = cluster.place(ActorSpec(name="broker", target="guirl.actors.broker:InferenceBroker"), "broker")
+    assert broker.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" and broker.host == "gpu1"
+    # the same physical ids on two hosts, and the judge on the broker's host after its rollout GPUs
+    prm = {"host": "gpu1", "gpus": [3]}
+    cluster = _gpu_cluster(broker={"host": "gpu1", "gpus": [0, 1, 2]}, prm=prm)
+    cfg = cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_8b_prm_rl.toml", env={}))
+    laid = cluster.plan(cfg, "train")
+    assert laid.learner_gpus == ("0", "1", "2", "3")
+    assert [e.gpus for e in laid.rollout] == [("0",), ("1",), ("2",)] and [e.gpus for e in laid.judge] == [
+        ("3",)
+    ]
+    assert [e.ordinals for e in laid.judge] == [(3,)]
+    assert (
+        cluster.place(ActorSpec(name="broker", target="x.y:Z"), "broker").env["CUDA_VISIBLE_DEVICES"]
+        == "0,1,2,3"
+    )
+    # eval: no learner, the broker's GPUs only
+    cluster = _gpu_cluster()
+    laid = cluster.plan(
+        cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_4b_eval.toml", env={})), "eval"
+    )
+    assert [e.gpus for e in laid.rollout] == [("4",), ("5",), ("6",), ("7",)] and laid.learner_gpus == ()
+
+
+@pytest.mark.parametrize(
+    "roles, message",
+    [
+        ({"learner": {"hosts": ["head"]}}, "roles.learner.gpus: the cluster file names the engines' GPUs"),
+        ({"prm": {"host": "gpu1", "gpus": [7]}}, "roles.prm.gpus: GPU(s) [7] are the broker's too"),
+        ({"broker": {"host": "gpu1", "gpus": [4, 4]}}, "roles.broker.gpus: [4, 4] lists a GPU twice"),
+        ({"broker": {"host": "head", "gpus": [3, 4]}}, "roles.learner.gpus: GPU(s) [3] of host 'head'"),
+        (
+            {"learner": {"hosts": ["head"], "gpus": [0, 1], "gpus_per_host": 4}},
+            "2 GPU(s), but gpus_per_host is 4",
+        ),
+        ({"coordinator": {"host": "head", "gpus": [0]}}, "the coordinator uses no GPU"),
+    ],
+)
+def test_gpu_ids_that_cannot_work_are_refused(roles, message):
+    with pytest.raises(ClusterFileError, match=re.escape(message)):
+        cluster = _gpu_cluster(**roles)
+        cluster.plan(
+            cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_8b_rl.toml", env={})), "train"
+        )
