@@ -3,7 +3,7 @@
     replay [list] LOG...  [filters]            one line per message
     replay show LOG... INDEX                   one message as JSON
     replay export LOG... --out DIR [filters]   the screenshots (PNG/JPEG blobs) of the selected messages
-    replay send LOG... --to ENDPOINT [--speed X] [filters]
+    replay send LOG... --to ENDPOINT [--speed X] [--keys DIR] [filters]
                                                re-send the selected messages to a live actor
 
 LOG is a segment file or a directory of them. Filters: --type, --episode, --actor, --dir, --since,
@@ -77,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 help="timing: 1 = as recorded, 10 = ten times faster, 0 = as fast as possible",
             )
             p.add_argument("--wait", type=float, default=5.0, help="seconds to wait for replies at the end")
+            p.add_argument(
+                "--keys",
+                default="",
+                metavar="DIR",
+                help="the cluster's CURVE key directory, for an actor that admits only its keys",
+            )
 
 
 def _select(reader: LogReader, args: argparse.Namespace) -> list[Record]:
@@ -126,7 +132,9 @@ def run(args: argparse.Namespace) -> int:
         elif cmd == "send":
             from guirl.msglog.send import replay_to
 
-            report = replay_to(reader, selected, args.to, speed=args.speed, wait_s=args.wait)
+            report = replay_to(
+                reader, selected, args.to, speed=args.speed, wait_s=args.wait, keys_dir=args.keys
+            )
             print(json.dumps(report.as_dict()))
             if report.unsent:
                 print(

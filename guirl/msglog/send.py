@@ -47,12 +47,23 @@ def replay_to(
     speed: float = 1.0,
     wait_s: float = 5.0,
     identity: bytes | None = None,
+    keys_dir: str = "",
 ) -> ReplayReport:
-    """Send `records` to the mailbox at `endpoint`; collect replies until `wait_s` after the last send."""
+    """Send `records` to the mailbox at `endpoint`; collect replies until `wait_s` after the last send.
+    `keys_dir`: the cluster's CURVE keys (`runtime.curve_keys_dir`), for an actor that only admits them."""
     codec, ids, report = Codec(), IdGen(), ReplayReport()
+    keys = None
+    if keys_dir:
+        from guirl.actors.security import load_keys
+
+        keys = load_keys(keys_dir)  # a bad directory is a clear error before anything is sent
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if keys is not None:  # a CURVE client with the cluster's identity, as every actor's connections are
+        sock.setsockopt(zmq.CURVE_SERVERKEY, keys.public)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(endpoint)

@@ -89,6 +89,26 @@ def test_replay_reproduces_the_received_stream(tmp_path):
     run(replay_into_fresh_actor())
     assert _received(tmp_path / "b" / "msglogs") == original
 
+    # an actor that admits only the cluster's CURVE keys: answered with them, refused without
+    from guirl.actors.security import init_keys
+
+    keys = init_keys(tmp_path / "keys").path
+    secured = fast_config(f'runtime.curve_keys_dir="{keys}"')
+
+    async def replay_into_secured_actor():
+        async with Supervisor(secured, run_dir=str(tmp_path / "c")) as sup:
+            actor = await sup.start(ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"]))
+            selected = [r for r in records if r.actor == "echo" and r.direction == "in"][:3]
+            send = replay_to
+            plain = await asyncio.to_thread(send, reader, selected, actor.endpoints[0], speed=0, wait_s=1.0)
+            assert plain.replies == {} and plain.unanswered == 3
+            keyed = await asyncio.to_thread(
+                send, reader, selected, actor.endpoints[0], speed=0, keys_dir=str(keys)
+            )
+            assert keyed.replies["EchoReply"] == 3 and keyed.unanswered == 0
+
+    run(replay_into_secured_actor())
+
     # an endpoint nobody serves: the replay stops once the send queue is full, says so, and returns
     nobody = f"ipc://{tmp_path}/nobody.sock"
     many = [r for r in records if r.actor == "echo" and r.direction == "in"] * 200  # 2,400 > the HWM
