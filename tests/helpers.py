@@ -42,9 +42,11 @@ def run(coro: Coroutine[Any, Any, Any], timeout: float = 120.0) -> Any:
 
 
 @contextlib.asynccontextmanager
-async def client_actor(cfg: GuirlConfig, name: str = "client", **kwargs: Any) -> AsyncIterator[Actor]:
-    """A running actor in this process (no mailbox unless `bind=` is given), shut down on exit."""
-    actor = Actor(name, runtime=cfg.runtime, codec=cfg.codec, **kwargs)
+async def client_actor(
+    cfg: GuirlConfig, name: str = "client", *, cls: type = Actor, **kwargs: Any
+) -> AsyncIterator[Any]:
+    """A running actor of `cls` in this process (no mailbox unless `bind=` is given), shut down on exit."""
+    actor = cls(name, runtime=cfg.runtime, codec=cfg.codec, **kwargs)
     task = await actor.start()
     try:
         yield actor

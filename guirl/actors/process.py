@@ -75,18 +75,22 @@ def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
     )
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us if the supervisor dies (even by SIGKILL): no orphaned actors."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+try:  # resolved at import: a forked child of a threaded process (a preexec_fn) must not dlopen
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Ask Linux to send us `sig` when our parent dies (even by SIGKILL): no orphaned actors, ranks or
+    ssh/srun clients."""
+    if _PRCTL is not None:
+        _PRCTL(1, sig)  # PR_SET_PDEATHSIG
 
 
 def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid: int) -> None:
     """Entry point of a spawned actor process."""
-    _die_with_parent()
+    die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         sys.exit(1)
     spec = msgspec.msgpack.decode(spec_bytes, type=ActorSpec)

@@ -184,6 +184,14 @@ def load_keys(path: str | os.PathLike) -> ClusterKeys:
 # -- sockets -----------------------------------------------------------------------------------------
 
 
+def curve_client(sock: zmq.Socket, keys: ClusterKeys) -> None:
+    """Make `sock` (not yet connected) a CURVE client with the cluster's identity, expecting a server
+    that holds the cluster key."""
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+
+
 class CurveSecurity:
     """CURVE on one actor's sockets: the keys, and the ZAP handler and handshake monitors on its context.
 
@@ -220,11 +228,8 @@ class CurveSecurity:
         self._monitors.append(AsyncSocket(monitor, self._on_monitor_event, self.on_error, f"{name}-monitor"))
 
     def secure_client(self, sock: zmq.Socket) -> None:
-        """Make `sock` (not yet connected) a CURVE client with the cluster's identity, expecting a server
-        that holds the cluster key."""
-        sock.setsockopt(zmq.CURVE_SERVERKEY, self.keys.public)
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.keys.public)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, self.keys.secret)
+        """Make `sock` (not yet connected) a CURVE client with the cluster's identity."""
+        curve_client(sock, self.keys)
 
     def close(self) -> None:
         for monitor in self._monitors:

@@ -43,17 +43,22 @@ def read_payload(stream) -> tuple[bytes, bytes]:
     return parts[0], parts[1]
 
 
-def _lifeline(fd: int, grace: float) -> None:
-    """Block until stdin ends, then stop the actor; exit regardless after `grace` seconds. (On the raw fd:
-    a thread blocked in the buffered reader would hold its lock while the interpreter shuts down.)"""
+def wait_for_eof(fd: int) -> None:
+    """Block until `fd` (a lifeline: stdin from the launcher's ssh or srun) ends. On the raw fd: a thread
+    blocked in the buffered reader would hold its lock while the interpreter shuts down."""
     while True:
         try:
             if not os.read(fd, 65536):
-                break
+                return
         except InterruptedError:
             continue
         except OSError:
-            break
+            return
+
+
+def _lifeline(fd: int, grace: float) -> None:
+    """Block until stdin ends, then stop the actor; exit regardless after `grace` seconds."""
+    wait_for_eof(fd)
     os.kill(os.getpid(), signal.SIGTERM)
     timer = threading.Timer(grace, lambda: os._exit(1))
     timer.daemon = True

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.status:
             return _print_reply(control(spec.cluster.name, {"op": "status"}))
         if args.down:
-            return down(spec, Path(args.cluster).resolve().parent)
+            return down(spec)
         return launch(spec, args)
     except (InputError, ValueError) as exc:  # a bad cluster file, config, override or request
         print(f"launch_cluster: {exc}", file=sys.stderr)
@@ -129,7 +129,7 @@ def launch(spec: ClusterFile, args: argparse.Namespace) -> int:
     except EvalError as exc:
         print(f"launch_cluster: {exc}", file=sys.stderr)
     finally:
-        left = sweep(spec, base)
+        left = sweep(spec)
         print(f"[cluster] {name} torn down on {len(spec.used_hosts())} host(s){left}", file=sys.stderr)
         for path in (state_path(name), control_path(name)):
             path.unlink(missing_ok=True)
@@ -212,7 +212,7 @@ def scale(spec: ClusterFile, args: argparse.Namespace) -> int:
 # -- teardown ------------------------------------------------------------------------------------------
 
 
-def down(spec: ClusterFile, base: Path) -> int:
+def down(spec: ClusterFile) -> int:
     """Stop a running launcher (it tears down in order), then sweep every host."""
     name = spec.cluster.name
     if _launcher_alive(name):
@@ -221,14 +221,14 @@ def down(spec: ClusterFile, base: Path) -> int:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and _launcher_alive(name):
             time.sleep(0.2)  # polling another process's exit: there is no fd to wait on
-    left = sweep(spec, base)
+    left = sweep(spec)
     for path in (state_path(name), control_path(name)):
         path.unlink(missing_ok=True)
     print(f"[cluster] {name} down on {len(spec.used_hosts())} host(s){left}")
     return 0
 
 
-def sweep(spec: ClusterFile, base: Path, grace: float = 15.0) -> str:
+def sweep(spec: ClusterFile, grace: float = 15.0) -> str:
     """Whatever of this cluster is left on its hosts, all of them (also those only `--add` used), in
     parallel: agents and remote learner ranks (SIGTERM, then SIGKILL after `grace`) and Slurm steps
     (scancel by name). Returns a note of what had to be done ("" if nothing)."""

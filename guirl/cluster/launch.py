@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ctypes
+import functools
 import json
 import logging
 import multiprocessing as mp
@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import msgspec
 
+from guirl.actors.process import die_with_parent
 from guirl.cluster.spec import Host
 
 log = logging.getLogger(__name__)
@@ -164,15 +165,8 @@ class LocalLauncher:
 # -- ssh and slurm: an agent command whose stdio is the channel --------------------------------------
 
 
-try:  # resolved here, in the parent: a forked child of a threaded process must not dlopen
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def _die_with_us() -> None:  # runs in the child before exec: the client dies if the launcher does
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# runs in the child before exec: an ssh/srun client dies if the process that started it does
+die_with_us = functools.partial(die_with_parent, signal.SIGKILL)
 
 
 def agent_payload(spec_bytes: bytes, cfg_bytes: bytes) -> bytes:
@@ -205,7 +199,7 @@ class CommandProcess:
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            preexec_fn=_die_with_us,
+            preexec_fn=die_with_us,
             start_new_session=True,  # a Ctrl-C at the terminal reaches the launcher, which stops us in order
             env=self.env,
             limit=1 << 20,

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from guirl.cluster.launch import LocalLauncher, make_launcher
+from guirl.cluster.launch import make_launcher
 from guirl.cluster.spec import ClusterFile, ClusterFileError, single_host
 from guirl.config import GuirlConfig
 
@@ -81,7 +81,6 @@ class ClusterRun:
         run = cls(spec)
         run.slots = [("local", n) for n in vms]
         run.next_worker = len(vms)
-        run.launchers = {"local": LocalLauncher("local")}
         run.single = True
         return run
 

@@ -449,7 +449,9 @@ def follower_command() -> list[str]:
     return [sys.executable, "-m", "guirl.learner.trainer"]
 
 
-def follower_env(options: dict[str, Any], *, rank: int, world: int, master_port: int) -> dict[str, str]:
+def follower_env(
+    options: dict[str, Any], *, rank: int, world: int, master_port: int, master_addr: str = "127.0.0.1"
+) -> dict[str, str]:
     """The environment torchrun would give rank `rank`, plus the trainer's options."""
     return {
         **os.environ,
@@ -457,7 +459,7 @@ def follower_env(options: dict[str, Any], *, rank: int, world: int, master_port:
         "LOCAL_RANK": str(rank),
         "WORLD_SIZE": str(world),
         "LOCAL_WORLD_SIZE": str(world),
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
         "GUIRL_PARENT_PID": str(os.getpid()),
         _ENV_OPTIONS: json.dumps(options),
@@ -498,9 +500,7 @@ def spawn_followers(
         placed = remote[rank - 1]
         with open(log_dir / f"learner-rank{rank}.log", "ab") as out:
             if placed is None:
-                env = follower_env(options, rank=rank, world=world, master_port=port)
-                if across:
-                    env["MASTER_ADDR"] = master
+                env = follower_env(options, rank=rank, world=world, master_port=port, master_addr=master)
                 procs.append(
                     subprocess.Popen(
                         follower_command(),
@@ -528,7 +528,7 @@ def _remote_follower(
     """Rank `rank` on another host, through its launcher; stdin is its lifeline."""
     import msgspec as _msgspec
 
-    from guirl.cluster.launch import _die_with_us, make_launcher
+    from guirl.cluster.launch import die_with_us, make_launcher
     from guirl.cluster.spec import Host
 
     host = _msgspec.convert(placed["spec"], Host)
@@ -552,32 +552,27 @@ def _remote_follower(
         stdout=out,
         stderr=subprocess.STDOUT,
         stdin=subprocess.PIPE,
-        preexec_fn=_die_with_us,
+        preexec_fn=die_with_us,
         start_new_session=True,
     )
 
 
 def _lifeline() -> None:
     """Exit once stdin ends (rank 0's ssh or srun connection to this host went away)."""
-    while True:
-        try:
-            if not os.read(0, 65536):
-                break
-        except InterruptedError:
-            continue
-        except OSError:
-            break
+    from guirl.cluster.agent import wait_for_eof
+
+    wait_for_eof(0)
     os._exit(1)
 
 
 def main() -> None:
     """A follower rank: build the trainer from the options in the environment and follow rank 0."""
-    from guirl.actors.process import _die_with_parent
+    from guirl.actors.process import die_with_parent
     from guirl.log import setup_logging
 
     parent = int(os.environ.get("GUIRL_PARENT_PID", "0"))
     if parent:
-        _die_with_parent()
+        die_with_parent()
         if os.getppid() != parent:  # rank 0 died before prctl took effect
             sys.exit(1)
     elif os.environ.get("GUIRL_LIFELINE") == "1":  # on another host: rank 0's launcher connection is ours

@@ -54,16 +54,14 @@ def replay_to(
     codec, ids, report = Codec(), IdGen(), ReplayReport()
     keys = None
     if keys_dir:
-        from guirl.actors.security import load_keys
+        from guirl.actors.security import curve_client, load_keys
 
         keys = load_keys(keys_dir)  # a bad directory is a clear error before anything is sent
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     if keys is not None:  # a CURVE client with the cluster's identity, as every actor's connections are
-        sock.setsockopt(zmq.CURVE_SERVERKEY, keys.public)
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+        curve_client(sock, keys)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity)
     sock.connect(endpoint)

@@ -35,6 +35,14 @@ from tests.helpers import run
 ROOT = Path(__file__).resolve().parents[2]
 
 
+ECHO = "guirl.actors.echo:EchoActor"
+
+
+def _echo(host: str = "") -> ActorSpec:
+    """An echo actor on a random loopback port, on `host`."""
+    return ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], host=host)
+
+
 class DirectLauncher(CommandLauncher):
     """The agent run here with no ssh or srun around it: the command path without a remote host."""
 
@@ -130,7 +138,7 @@ def _agent(stdin: bytes, actor: str = "echo") -> subprocess.CompletedProcess:
     "spec, actor, error",
     [
         (ActorSpec(name="echo", target="os:system"), "echo", "is not one of guirl's actors"),
-        (ActorSpec(name="echo", target="guirl.actors.echo:EchoActor"), "other", "the spec is for 'echo'"),
+        (ActorSpec(name="echo", target=ECHO), "other", "the spec is for 'echo'"),
     ],
 )
 def test_the_agent_refuses_what_it_must_not_run(spec, actor, error):
@@ -155,9 +163,7 @@ def test_an_actor_over_the_command_path(tmp_path):
 
     async def main():
         async with Supervisor(cfg, run_dir=str(tmp_path), launchers={"here": launcher}) as sup:
-            spec = ActorSpec(
-                name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"], host="here"
-            )
+            spec = _echo("here")
             handle = await sup.start(spec)
             assert handle.endpoints[0].startswith("tcp://127.0.0.1:") and handle.pid > 0
             first, endpoints = handle.pid, list(handle.endpoints)
@@ -174,7 +180,7 @@ def test_an_actor_over_the_command_path(tmp_path):
                 await sup.start(bad)
             assert "NoSuchActor" in str(err.value)
             with pytest.raises(ActorStartError, match="no launcher for host 'mars'"):
-                await sup.start(ActorSpec(name="x", target="guirl.actors.echo:EchoActor", host="mars"))
+                await sup.start(ActorSpec(name="x", target=ECHO, host="mars"))
 
     run(main(), timeout=120)
 
@@ -194,9 +200,7 @@ def test_noise_before_ready_is_log_and_a_huge_line_does_not_stop_the_reader(tmp_
 
     async def main():
         async with Supervisor(cfg, run_dir=str(tmp_path), launchers={"noisy": launcher}) as sup:
-            spec = ActorSpec(
-                name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"], host="noisy"
-            )
+            spec = _echo("noisy")
             handle = await sup.start(spec)
             tail = handle.process.log_tail()
             assert '{"status": "ok"}' in tail and "a line over 1 MiB was dropped" in tail
@@ -221,7 +225,7 @@ def test_a_role_silent_past_its_timeout_fails_with_its_log_tail(tmp_path):
 
     async def main():
         async with Supervisor(cfg, run_dir=str(tmp_path), launchers={"slow": launcher}) as sup:
-            spec = ActorSpec(name="broker", target="guirl.actors.echo:EchoActor", host="slow")
+            spec = ActorSpec(name="broker", target=ECHO, host="slow")
             with pytest.raises(
                 ActorStartError, match="not ready within 1.0 s; its log ends:\nloading something"
             ):
@@ -235,7 +239,7 @@ def test_a_role_silent_past_its_timeout_fails_with_its_log_tail(tmp_path):
 
 def test_closing_stdin_stops_the_agent_cleanly(tmp_path):
     cfg = load_config(None)
-    spec = ActorSpec(name="echo", target="guirl.actors.echo:EchoActor", bind=["tcp://127.0.0.1:0"])
+    spec = _echo()
     argv = [sys.executable, "-m", "guirl.cluster.agent", "--cluster", "t", "--host", "h", "--actor", "echo"]
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT

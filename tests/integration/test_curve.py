@@ -4,11 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import stat
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -38,15 +36,9 @@ def _curve_config(keys: Path, *overrides: str):
     return fast_config(f'runtime.curve_keys_dir="{keys}"', *overrides)
 
 
-@contextlib.asynccontextmanager
-async def _echo_server(cfg, bind: str = "tcp://127.0.0.1:0") -> AsyncIterator[EchoActor]:
-    server = EchoActor("echo", runtime=cfg.runtime, codec=cfg.codec, bind=[bind])
-    task = await server.start()
-    try:
-        yield server
-    finally:
-        server.request_shutdown("test done")
-        await asyncio.wait_for(task, 15)
+def _echo_server(cfg, bind: str = "tcp://127.0.0.1:0"):
+    """An echo actor serving on `bind`, in this process."""
+    return client_actor(cfg, "echo", cls=EchoActor, bind=[bind])
 
 
 async def _until(condition, what: str, timeout: float = 10.0) -> None:
