@@ -2,10 +2,11 @@
 
 Inside, the user is `user` (uid 1000) with home `/home/user`, as in OSWorld's images, so task files use
 the same paths. The sandbox sees read-only system directories (`/usr`, a few files of `/etc`, the Python
-that runs the VM server and guirl's own package) and nothing else of the host: its home is a private
-directory of the VM, `/tmp` is empty and private, and it has its own network namespace (loopback only),
-PID namespace (everything dies with it) and IPC. The only way in or out is the Unix socket of the VM
-server, a listening socket the host creates outside the sandbox and passes in.
+that runs the VM server, the directories its packages are installed in, and guirl's own package) and
+nothing else of the host: its home is a private directory of the VM, `/tmp` is empty and private, and it
+has its own network namespace (loopback only), PID namespace (everything dies with it) and IPC. The only way
+in or out is the Unix socket of the VM server, a listening socket the host creates outside the sandbox and
+passes in.
 """
 
 from __future__ import annotations
@@ -60,12 +61,25 @@ def bwrap_path() -> str:
     return path
 
 
+def _holds_distributions(path: str) -> bool:
+    """Whether `path` is a directory packages are installed in (it holds a `*.dist-info`)."""
+    try:
+        return any(name.endswith(".dist-info") for name in os.listdir(path or "."))
+    except OSError:
+        return False
+
+
 def python_roots() -> list[str]:
-    """Directories the sandbox needs to run this Python with guirl importable, read-only."""
+    """Directories the sandbox needs to run this Python with guirl importable, read-only: the interpreter's
+    prefixes, guirl's package, and every directory on sys.path that packages are installed in: guirl's
+    dependencies may live outside the prefixes (a user site, a `.pth` or PYTHONPATH entry) and the VM
+    server imports them. Only installation directories: a checkout or working directory on sys.path
+    stays out of the VM (it may hold the tasks' solutions)."""
     roots = {
         os.path.realpath(sys.base_prefix),
         os.path.realpath(sys.prefix),
         os.path.realpath(os.path.dirname(os.path.dirname(guirl.__file__)) + "/guirl"),
+        *(os.path.realpath(p or ".") for p in sys.path if _holds_distributions(p)),
     }
     return sorted(r for r in roots if not r.startswith("/usr"))  # /usr is bound anyway
 
