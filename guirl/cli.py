@@ -63,9 +63,10 @@ def _dry_run(cfg, mode: str) -> int:
 
         check_train_config(cfg)
     if not (cfg.data.train if mode == "train" else cfg.data.eval):
-        from guirl.eval import check_env_provider
+        from guirl.eval import check_env_provider, check_prompt_style
 
         check_env_provider(cfg)
+        check_prompt_style(cfg)
     placement = plan(cfg, mode)
     # the checkpoint checks the run makes first; "tiny" is built on first use, so it is taken as given here
     if cfg.model.hf_ckpt != TINY:
@@ -260,7 +261,9 @@ def cmd_keys_init(args: argparse.Namespace) -> int:
 def cmd_model_tiny(args: argparse.Namespace) -> int:
     from guirl.model.tiny import count_parameters, write_tiny_checkpoint
 
-    path = write_tiny_checkpoint(args.outdir, seed=args.seed, hidden=args.hidden, layers=args.layers)
+    path = write_tiny_checkpoint(
+        args.outdir, seed=args.seed, hidden=args.hidden, layers=args.layers, thinking=args.thinking
+    )
     print(f"{path} ({count_parameters(path):,} parameters)")
     return 0
 
@@ -380,6 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     mt.add_argument("--seed", type=int, default=0, help="weight initialisation seed (same seed, same bytes)")
     mt.add_argument("--hidden", type=int, default=128, help="text hidden size")
     mt.add_argument("--layers", type=int, default=2, help="text decoder layers")
+    mt.add_argument(
+        "--thinking",
+        action="store_true",
+        help="a Qwen3-VL-Thinking-style chat template (<think> generation prompt, past reasoning left out)",
+    )
     mt.set_defaults(func=cmd_model_tiny)
     p = sub.add_parser("prm", help="the process reward model's judge")
     psub = p.add_subparsers(dest="prm_cmd", required=True)

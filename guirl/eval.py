@@ -197,6 +197,20 @@ def check_env_provider(cfg: GuirlConfig) -> None:
         raise InputError(str(exc)) from None
 
 
+def check_prompt_style(cfg: GuirlConfig) -> None:
+    """`agent.prompt_style = "gui-rl"` can be honoured: it is a computer-use prompt whose tools block the
+    checkpoint's own template renders, which an OpenAI-compatible server does not; InputError otherwise."""
+    if cfg.agent.prompt_style != "gui-rl":
+        return
+    if cfg.agent.response_format != "computer_use":
+        raise InputError('agent.prompt_style = "gui-rl" needs agent.response_format = "computer_use"')
+    if cfg.inference.backend == "openai":
+        raise InputError(
+            'agent.prompt_style = "gui-rl" needs inference.backend "hf" or "sglang": an OpenAI-compatible '
+            "server rewrites the tools block that GUI-RL's prompt has the chat template render"
+        )
+
+
 def broker_spec(
     cfg: GuirlConfig, ckpt: str, run_dir: Path, *, judge_ckpt: str | None = None, placement: Any = None
 ) -> ActorSpec:
@@ -277,6 +291,7 @@ async def run_eval(
     dataset = bool(cfg.data.eval)  # GUI-R1 mode: held-out grounding rows instead of desktop tasks
     if not dataset:
         check_env_provider(cfg)
+        check_prompt_style(cfg)
     if dataset:
         from guirl.actors.dataset_worker import dataset_tasks
 

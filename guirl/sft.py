@@ -79,10 +79,10 @@ def episode_samples(
 ):
     """Behaviour cloning: a `TrainSample` per step of each episode of `run_dir` that scored at least
     `min_score`. A step's prompt is rebuilt from its `traj.jsonl` line (the chat messages, with image
-    references, and the size of each image) and the episode's screenshots — a prompt's images are the
-    screens of its last steps, oldest first, each resized as the policy saw it — then rendered by the model's
-    own template; the target is the response the policy gave. An episode that cannot be rebuilt (a missing
-    screenshot, a line that is not JSON) is skipped and named in `problems`."""
+    references and tool schemas, and the size of each image) and the episode's screenshots — a prompt's
+    images are the screens of its last steps, oldest first, each resized as the policy saw it — then rendered
+    by the model's own template; the target is the response the policy gave. An episode that cannot be
+    rebuilt (a missing screenshot, a line that is not JSON) is skipped and named in `problems`."""
     from guirl.agent.imaging import image_size, resize_image
     from guirl.messages.types import ChatMessage, ImagePart, TextPart
 
@@ -103,6 +103,7 @@ def episode_samples(
                             TextPart(p["text"]) if "text" in p else ImagePart(int(p["image"]))
                             for p in m["parts"]
                         ],
+                        tools=[str(t) for t in m.get("tools", [])],
                     )
                     for m in line["prompt"]
                 ]

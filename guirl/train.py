@@ -31,6 +31,7 @@ from guirl.eval import (
     _start_or_explain,
     broker_spec,
     check_env_provider,
+    check_prompt_style,
     cpu_set,
     resolve_checkpoint,
     resolve_prm_checkpoint,
@@ -274,6 +275,7 @@ async def run_train(
     t, e = cfg.train, cfg.eval
     if not cfg.data.train and not cfg.data.eval:
         check_env_provider(cfg)
+        check_prompt_style(cfg)
     check_train_config(cfg)
     cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus")
     cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus")

@@ -35,7 +35,7 @@ from guirl.actors.retry import backoff_delays, retry_idempotent
 from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
 from guirl.agent.gui_r1_desktop import build_gui_r1_prompt, parse_gui_r1
 from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
-from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt
+from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt, gui_rl_step
 from guirl.config.schema import AgentConfig, EnvConfig
 from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
@@ -120,11 +120,15 @@ class _Episode:
 
 
 def _messages_json(messages: list[ChatMessage]) -> list[dict]:
-    """The prompt as traj.jsonl stores it: text verbatim, images as `{"image": index}`."""
+    """The prompt as traj.jsonl stores it: text verbatim, images as `{"image": index}`, a message's tool
+    schemas (`ChatMessage.tools`) as `tools` when it has any."""
     out = []
     for m in messages:
         parts = [{"text": p.text} if hasattr(p, "text") else {"image": p.index} for p in m.parts]
-        out.append({"role": m.role, "parts": parts})
+        entry: dict = {"role": m.role, "parts": parts}
+        if m.tools:
+            entry["tools"] = list(m.tools)
+        out.append(entry)
     return out
 
 
@@ -432,6 +436,12 @@ class EnvWorker(Actor):
             ),
         )
 
+    def _past_step(self, screenshot: bytes, response: PolicyResponse, action_line: str) -> StepRecord:
+        """A played step as the next prompts show it (in GUI-RL's prompt style, as GUI-RL records it)."""
+        if self.prompt_cfg.style == "gui-rl":
+            return gui_rl_step(screenshot, response.text, response.finish_reason)
+        return StepRecord(screenshot, response.text, action_line)
+
     # -- the PRM's transitions -----------------------------------------------------------------------
 
     def _transition(
@@ -576,7 +586,7 @@ class EnvWorker(Actor):
                     break
                 screenshot = next_shot or await client.screenshot()
                 self._transition(episode, instruction, step, before, response.text, screenshot)
-                episode.history.append(StepRecord(before, response.text, parsed.action_line))
+                episode.history.append(self._past_step(before, response, parsed.action_line))
             else:
                 episode.outcome = "truncated"  # evaluated as it stands; no FAIL is sent for it
             final = await client.screenshot()

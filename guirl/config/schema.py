@@ -365,6 +365,8 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     `<think>`/`<answer>` format (one screenshot, text history; a policy trained in GUI-R1 mode)."""
     sleep_after_action_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
     """Pause after each action before the next screenshot (applications need time to redraw)."""
+    prompt_style: Literal["guirl", "gui-rl"] = "guirl"
+    """The prompt's text: guirl's, or GUI-RL's system turn and history byte for byte (its checkpoints)."""
 
 
 class HFBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -404,6 +406,9 @@ class SGLangBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     weight_load_format: Literal["flattened_bucket", "per_tensor"] = "flattened_bucket"
     """How a weight update travels: one collective per bucket (SGLang's `flattened_bucket`), or one per
     tensor (older SGLang releases)."""
+    deterministic: bool = False
+    """Launch with `--enable-deterministic-inference`, so each request's sampling seed is honoured (SGLang
+    ignores seeds otherwise; it then needs a deterministic attention backend: fa3, flashinfer or triton)."""
 
 
 class OpenAIBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -452,6 +457,11 @@ class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds between engine health checks."""
     request_timeout_s: PosFloat = 600.0
     """Seconds an env worker waits for one policy response."""
+    dispatch: Literal["auto", "batch", "stream"] = "auto"
+    """How requests reach engines: `auto` streams them to engines that batch continuously (sglang, openai:
+    each request sent alone, up to the engine's `max_concurrency` at once, no batch barrier) and forms static
+    batches for the others (hf, scripted); `batch` forms static batches for every engine, one in flight each;
+    `stream` streams to every engine (a static one takes up to its `max_batch` at once)."""
     hf: HFBackendConfig = msgspec.field(default_factory=HFBackendConfig)
     """Transformers backend settings."""
     openai: OpenAIBackendConfig = msgspec.field(default_factory=OpenAIBackendConfig)

@@ -13,6 +13,7 @@ parsed as that token; a literal "<|image_pad|>" is caught (the pad count no long
 from __future__ import annotations
 
 import io
+import json
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +83,9 @@ class ChatRenderer:
         return cls(tokenizer, image_processor)
 
     def template_text(self, messages: list[ChatMessage]) -> str:
-        """The chat template applied to `messages`, ending in the assistant generation prompt."""
+        """The chat template applied to `messages`, ending in the assistant generation prompt; the first
+        message's `tools` go to the template as its `tools=` (ValueError when another message has some)."""
+        tools = tool_schemas(messages)
         conversation = [
             {
                 "role": m.role,
@@ -93,7 +96,9 @@ class ChatRenderer:
             }
             for m in messages
         ]
-        return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.apply_chat_template(
+            conversation, tools=tools or None, add_generation_prompt=True, tokenize=False
+        )
 
     def render(self, messages: list[ChatMessage], images: list[bytes]) -> RenderedPrompt:
         """Token ids and pixel tensors of a chat prompt; `ImagePart(index=i)` refers to `images[i]`."""
@@ -173,6 +178,25 @@ class ChatRenderer:
 
     def _types(self, ids: list[int]) -> list[int]:
         return [1 if t == self.image_token_id else 0 for t in ids]
+
+
+def tool_schemas(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The function schemas the first message carries for the chat template (`ChatMessage.tools`), decoded
+    with their key order kept; ValueError when one is not a JSON object or a later message carries any."""
+    if any(m.tools for m in messages[1:]) or (
+        messages and messages[0].tools and messages[0].role != "system"
+    ):
+        raise ValueError("only a first, system message may carry tools")
+    schemas = []
+    for i, text in enumerate(messages[0].tools if messages else []):
+        try:
+            schema = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"tool {i} is not JSON: {exc}"[:300]) from None
+        if not isinstance(schema, dict):
+            raise ValueError(f"tool {i} is not a JSON object")
+        schemas.append(schema)
+    return schemas
 
 
 def _runs(ids: list[int], token: int) -> list[int]:

@@ -2,7 +2,9 @@
 
 Such an endpoint (OpenAI, vLLM, SGLang's `/v1`) takes chat messages and answers text: it returns no
 token ids and no behaviour log-probs, so `supports_tokens` is False and results carry `None` token
-fields. Requests given as `prompt_ids` are refused.
+fields. Requests given as `prompt_ids` are refused, and so are prompts whose system turn carries tools for
+the chat template (`agent.prompt_style = "gui-rl"`): such a server rebuilds `tools=` from its own schema
+model (dropping keys, reordering them) before its template writes them, so GUI-RL's bytes cannot be had.
 
 Errors, for the broker to route by: the endpoint unreachable or dropping the connection is `EngineDead`;
 a timeout, a 5xx, a 408/429, or a reply that is not a chat completion is a retryable `EngineError`
@@ -45,6 +47,7 @@ class OpenAIEngine:
     """An OpenAI-compatible `/chat/completions` endpoint at `base_url` (…/v1), serving `model`."""
 
     supports_tokens = False
+    max_inflight = property(lambda self: self.max_concurrency)  # batches continuously (Engine.max_inflight)
 
     def __init__(
         self,
@@ -108,6 +111,12 @@ class OpenAIEngine:
             if req.prompt_ids is not None:
                 raise EngineError(
                     "the openai backend takes chat messages, not token ids: eval only", retryable=False
+                )
+            if any(m.tools for m in req.messages):
+                raise EngineError(
+                    "the openai backend cannot render tools into the system turn as the checkpoint's own "
+                    'template does (agent.prompt_style = "gui-rl"): use the hf or sglang backend',
+                    retryable=False,
                 )
         bodies = [self._body(req) for req in batch]  # a malformed request fails before anything is sent
         started = time.monotonic()

@@ -109,11 +109,23 @@ class ImagePart(msgspec.Struct, frozen=True, tag="image"):
     index: int
 
 
-class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+MAX_TOOLS = 16
+"""Most function schemas one chat message may carry."""
+MAX_TOOL_JSON = 65536
+"""Longest JSON text of one function schema, in characters."""
+
+
+# omit_defaults: a message without tools encodes exactly as it did before `tools` existed.
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One turn of a chat prompt."""
 
     role: Literal["system", "user", "assistant", "tool"]
     parts: list[TextPart | ImagePart]
+    tools: Annotated[list[Annotated[str, Meta(max_length=MAX_TOOL_JSON)]], Meta(max_length=MAX_TOOLS)] = []
+    """Function schemas, each the JSON text of one object, that the chat template renders into this turn
+    (`apply_chat_template(tools=...)`: Qwen's `# Tools` block in the system turn). Only a first, system
+    message carries them. JSON text rather than a dict: its key order is what the template writes, and the
+    message's depth stays bounded by its schema."""
 
 
 # --- control: part of every channel ----------------------------------------------------------------

@@ -4,7 +4,8 @@ It has the real model class, the real chat-template shape, Qwen's special tokens
 processing (patch 16, temporal 2, merge 2), so every code path that serves or trains Qwen3-VL runs on it
 in milliseconds on a CPU. The tokenizer is byte-level BPE, its merges learnt at build time from the
 computer-use system prompts (so a prompt costs about as many tokens as with Qwen's real tokenizer, not
-one per byte), plus Qwen's special and added tokens.
+one per byte), plus Qwen's special and added tokens. Its chat template has the shape of Qwen3-VL-Instruct's,
+or with `thinking=True` of Qwen3-VL-Thinking's (`guirl/model/templates.py`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from guirl.model.templates import CHAT_TEMPLATE, THINKING_CHAT_TEMPLATE
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -28,61 +31,6 @@ SPECIAL_TOKENS = [
 """Control tokens (special: dropped by `skip_special_tokens`)."""
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<think>", "</think>"]
 """Single tokens that are part of the text (kept when decoding, as in Qwen's tokenizer)."""
-
-# The shape of Qwen3-VL-Instruct's chat template: system turn (with the tool preamble when tools are
-# given), user/assistant/tool turns, images as <|vision_start|><|image_pad|><|vision_end|> in place.
-CHAT_TEMPLATE = """\
-{%- macro render_content(content) -%}
-{%- if content is string -%}{{- content -}}
-{%- else -%}{%- for item in content -%}
-{%- if item.type == 'image' or 'image' in item or 'image_url' in item -%}
-{%- set image_count.value = image_count.value + 1 -%}
-{%- if add_vision_id -%}Picture {{ image_count.value }}: {% endif -%}
-<|vision_start|><|image_pad|><|vision_end|>
-{%- elif item.type == 'video' or 'video' in item -%}
-{%- set video_count.value = video_count.value + 1 -%}
-{%- if add_vision_id -%}Video {{ video_count.value }}: {% endif -%}
-<|vision_start|><|video_pad|><|vision_end|>
-{%- elif 'text' in item -%}{{- item.text -}}
-{%- endif -%}
-{%- endfor -%}{%- endif -%}
-{%- endmacro -%}
-{%- set image_count = namespace(value=0) -%}
-{%- set video_count = namespace(value=0) -%}
-{%- if tools -%}
-{{- '<|im_start|>system\\n' -}}
-{%- if messages[0].role == 'system' -%}{{- render_content(messages[0].content) + '\\n\\n' -}}{%- endif -%}
-{{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n" -}}
-{{- "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" -}}
-{%- for tool in tools -%}{{- '\\n' + (tool | tojson) -}}{%- endfor -%}
-{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, "
-    "\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" -}}
-{%- elif messages[0].role == 'system' -%}
-{{- '<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' -}}
-{%- endif -%}
-{%- for message in messages -%}
-{%- if message.role == 'user' or (message.role == 'system' and not loop.first) -%}
-{{- '<|im_start|>' + message.role + '\\n' + render_content(message.content) + '<|im_end|>\\n' -}}
-{%- elif message.role == 'assistant' -%}
-{{- '<|im_start|>assistant\\n' + render_content(message.content) -}}
-{%- if message.tool_calls -%}{%- for tool_call in message.tool_calls -%}
-{%- if (loop.first and message.content) or (not loop.first) -%}{{- '\\n' -}}{%- endif -%}
-{%- if tool_call.function -%}{%- set tool_call = tool_call.function -%}{%- endif -%}
-{{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' -}}
-{%- if tool_call.arguments is string -%}{{- tool_call.arguments -}}
-{%- else -%}{{- tool_call.arguments | tojson -}}{%- endif -%}
-{{- '}\\n</tool_call>' -}}
-{%- endfor -%}{%- endif -%}
-{{- '<|im_end|>\\n' -}}
-{%- elif message.role == 'tool' -%}
-{%- if loop.first or messages[loop.index0 - 1].role != 'tool' -%}{{- '<|im_start|>user' -}}{%- endif -%}
-{{- '\\n<tool_response>\\n' + render_content(message.content) + '\\n</tool_response>' -}}
-{%- if loop.last or messages[loop.index0 + 1].role != 'tool' -%}{{- '<|im_end|>\\n' -}}{%- endif -%}
-{%- endif -%}
-{%- endfor -%}
-{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}
-"""
 
 
 def _learn_merges(
@@ -108,9 +56,9 @@ def _learn_merges(
     return dict(model["vocab"]), merges
 
 
-def build_tokenizer(*, vocab_size: int = 1024, extra_corpus: Sequence[str] = ()):
+def build_tokenizer(*, vocab_size: int = 1024, extra_corpus: Sequence[str] = (), thinking: bool = False):
     """The offline Qwen2 tokenizer: byte-level BPE (see `_learn_merges`), then the special and added
-    tokens."""
+    tokens; its chat template is `THINKING_CHAT_TEMPLATE` with `thinking`, else `CHAT_TEMPLATE`."""
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
@@ -133,7 +81,7 @@ def build_tokenizer(*, vocab_size: int = 1024, extra_corpus: Sequence[str] = ())
     # Registered as added tokens, or "<|im_start|>" would be split into bytes.
     tokenizer.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = THINKING_CHAT_TEMPLATE if thinking else CHAT_TEMPLATE
     return tokenizer
 
 
@@ -254,6 +202,7 @@ def write_tiny_checkpoint(
     dtype: str = "float32",
     min_pixels: int = 32 * 32 * 4,
     max_pixels: int = 512 * 512,
+    thinking: bool = False,
 ) -> Path:
     """Write a random tiny `Qwen3VLForConditionalGeneration` (weights, config, generation config, tokenizer
     with chat template, image processor) to `outdir`; the same `seed` gives the same weight bytes.
@@ -262,7 +211,8 @@ def write_tiny_checkpoint(
     bench/learning.py): `vision_*` size the vision tower, `vocab_size` and `extra_corpus` (texts the BPE
     merges are also learnt from) the tokenizer; `head_dim` .. `tie_word_embeddings` are `tiny_config`'s
     (real sizes, as bench/gpu_check.py's 2B-class model), `dtype` the stored weights' ("float32" or
-    "bfloat16", as real checkpoints), `min_pixels` / `max_pixels` the image processor's bounds."""
+    "bfloat16", as real checkpoints), `min_pixels` / `max_pixels` the image processor's bounds; `thinking`
+    gives it a Qwen3-VL-Thinking-style chat template (`THINKING_CHAT_TEMPLATE`), not the Instruct one."""
     import torch
     from transformers import GenerationConfig, Qwen3VLForConditionalGeneration
 
@@ -270,7 +220,7 @@ def write_tiny_checkpoint(
         raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(vocab_size=vocab_size, extra_corpus=extra_corpus)
+    tokenizer = build_tokenizer(vocab_size=vocab_size, extra_corpus=extra_corpus, thinking=thinking)
     config = tiny_config(
         tokenizer,
         hidden=hidden,
@@ -311,6 +261,7 @@ def write_tiny_checkpoint(
     extras |= {"deepstack_visual_indexes": (list(deepstack_visual_indexes), [0])}
     extras |= {"tie_word_embeddings": (tie_word_embeddings, False), "dtype": (dtype, "float32")}
     extras |= {"min_pixels": (min_pixels, 32 * 32 * 4), "max_pixels": (max_pixels, 512 * 512)}
+    extras |= {"thinking": (thinking, False)}
     meta |= {k: v for k, (v, default) in extras.items() if v != default}
     if extra_corpus:
         meta["extra_corpus_texts"] = len(extra_corpus)
@@ -342,20 +293,20 @@ TINY_FORMAT = 3
 format is rebuilt by `ensure_tiny_checkpoint`."""
 
 
-def ensure_tiny_checkpoint(cache_dir: str | Path, *, seed: int = 0) -> Path:
-    """The tiny checkpoint at `cache_dir`, built once: it is written to a temporary sibling directory and
-    moved into place with `os.replace`, so a concurrent caller either finds a complete one or builds its
-    own and loses the rename race harmlessly."""
+def ensure_tiny_checkpoint(cache_dir: str | Path, *, seed: int = 0, thinking: bool = False) -> Path:
+    """The tiny checkpoint at `cache_dir` (with the Thinking-style chat template if `thinking`), built once:
+    it is written to a temporary sibling directory and moved into place with `os.replace`, so a concurrent
+    caller either finds a complete one or builds its own and loses the rename race harmlessly."""
     target = Path(cache_dir)
     meta = target / "guirl_tiny.json"
     if meta.exists() and json.loads(meta.read_text()).get("format") != TINY_FORMAT:
         shutil.rmtree(target)  # built by an older guirl: stale
     if (target / "config.json").exists():
-        return _check_seed(target, seed)
+        return _check_key(target, seed, thinking)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        write_tiny_checkpoint(tmp, seed=seed)
+        write_tiny_checkpoint(tmp, seed=seed, thinking=thinking)
         tmp.chmod(0o755)  # mkdtemp's 0700 would keep other users (a sandboxed engine) out
         try:
             os.replace(tmp, target)
@@ -366,13 +317,19 @@ def ensure_tiny_checkpoint(cache_dir: str | Path, *, seed: int = 0) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _check_seed(target, seed)
+    return _check_key(target, seed, thinking)
 
 
-def _check_seed(ckpt: Path, seed: int) -> Path:
-    """The cache directory is the cache key: a checkpoint built with another seed there is an error."""
+def _check_key(ckpt: Path, seed: int, thinking: bool) -> Path:
+    """The cache directory is the cache key: a checkpoint built with another seed or template there is an
+    error."""
     meta = ckpt / "guirl_tiny.json"
-    found = json.loads(meta.read_text()).get("seed") if meta.exists() else None
-    if found != seed:
-        raise ValueError(f"{ckpt} holds a checkpoint with seed {found}, not {seed}: use another directory")
+    found = json.loads(meta.read_text()) if meta.exists() else {}
+    if found.get("seed") != seed:
+        raise ValueError(
+            f"{ckpt} holds a checkpoint with seed {found.get('seed')}, not {seed}: use another directory"
+        )
+    if found.get("thinking", False) != thinking:
+        variant = "Thinking" if found.get("thinking", False) else "Instruct"
+        raise ValueError(f"{ckpt} holds a checkpoint with the {variant} chat template: use another directory")
     return ckpt

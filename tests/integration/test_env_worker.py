@@ -358,3 +358,96 @@ def test_a_gui_r1_policy_acts_on_a_desktop(tmp_path):
     assert lines[1]["actions"] == [{"type": "done"}]
     text = lines[1]["prompt"][0]["parts"][1]["text"]
     assert "GUI-R1" in text and "Step 1: [{'action': 'click'" in text  # the history, as text
+
+
+def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
+    """`agent.prompt_style = "gui-rl"`: what the engine receives through the broker is GUI-RL's prompt —
+    the tool schema on the system message for the template's second tools block, past responses with the
+    end-of-turn token they stopped on, "Execute the tool call" for a step without an `Action:` line — and
+    traj.jsonl keeps the schema, so behaviour cloning rebuilds the very prompt."""
+    from guirl.inference.chat import ChatRenderer
+    from guirl.model.tiny import ensure_tiny_checkpoint
+    from guirl.sft import episode_samples
+
+    cfg = fast_config()
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+
+    def call(arguments: dict) -> str:
+        return (
+            "<tool_call>\n" + json.dumps({"name": "computer_use", "arguments": arguments}) + "\n</tool_call>"
+        )
+
+    answers = [
+        "The desktop.\n</think>\n\n" + call({"action": "left_click", "coordinate": [100, 100]}),
+        "Again.\n</think>\n\nAction: Click once more.\n"
+        + call({"action": "left_click", "coordinate": [300, 300]}),
+        "Action: Give up.\n" + call({"action": "terminate", "status": "failure"}),
+    ]
+    (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps({"response": a}) + "\n" for a in answers))
+    received = []
+
+    class Recording(ScriptedEngine):
+        async def generate(self, batch):
+            received.extend(batch)
+            return await super().generate(batch)
+
+    async def scenario():
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            mode="eval",
+            max_steps=5,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[Recording("s0", str(scripts), screen=(640, 480))],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        tasks = [await a.start() for a in (coord, broker)]
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 320 * 240, "prompt_style": "gui-rl"},
+            runtime=cfg.runtime,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(coord.all_done.wait(), 60)
+            await asyncio.wait_for(worker_task, 30)
+        finally:
+            for actor, task in zip((coord, broker), tasks, strict=True):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+        return coord
+
+    coord = run(scenario(), timeout=120)
+    (result,) = coord.results.values()
+    assert result.status == "completed" and result.outcome == "fail" and result.steps == 3
+    last = received[-1].messages
+    (tool,) = last[0].tools
+    assert "(mapped to regular scroll)" in tool and tool in last[0].parts[0].text  # type: ignore[union-attr]
+    shown = [m.parts[0].text for m in last if m.role == "assistant"]  # type: ignore[union-attr]
+    assert shown == [answers[0] + "<|im_end|>", answers[1] + "<|im_end|>"]
+    assert (
+        last[-1]
+        .parts[-1]
+        .text.endswith(  # type: ignore[union-attr]
+            "Previous actions:\nStep 1: Execute the tool call\nStep 2: Click once more."
+        )
+    )
+    (folder,) = (tmp_path / "run" / "episodes" / "t-infeasible").iterdir()
+    lines = [json.loads(x) for x in (folder / "traj.jsonl").read_text().splitlines()]
+    assert [line["prompt"][0]["tools"] for line in lines][-1] == [tool]
+    renderer = ChatRenderer.load(ensure_tiny_checkpoint(tmp_path / "tiny", thinking=True))
+    samples = episode_samples(tmp_path / "run", renderer, min_score=0.0)
+    assert [s.step for s in samples] == [0, 1, 2]
+    rebuilt = renderer.tokenizer.decode(samples[-1].prompt_ids, skip_special_tokens=False)
+    assert rebuilt.count("\n<tools>\n") == 2 and rebuilt.endswith("<|im_start|>assistant\n<think>\n")

@@ -326,3 +326,31 @@ def test_the_engine_never_writes_vision_tokens(ckpt: Path, renderer: ChatRendere
     )
     drawn = [t for r in results for t in (r.response_ids or [])]
     assert len(drawn) > 800 and not vision.intersection(drawn)
+
+
+def test_tool_schemas_reach_the_chat_template(ckpt: Path, renderer: ChatRenderer) -> None:
+    """A system message's `tools` (GUI-RL's prompt style) go to the template as `tools=`: its own tools block
+    follows the system text in the prompt the engine runs, and the same ids given token-in answer alike;
+    tools on any other message abort that request alone."""
+    import json
+
+    spec = json.dumps({"type": "function", "function": {"name": "computer_use", "description": "A mouse."}})
+    req = screenshot_request("Click.", png(64, 48))
+    system = ChatMessage(role="system", parts=[TextPart("You are a GUI agent.")], tools=[spec])
+    with_tools = GenRequest(messages=[system, *req.messages[1:]], images=req.images, sampling=GREEDY)
+    prompt = renderer.render(with_tools.messages, with_tools.images).input_ids
+    token_in = GenRequest(prompt_ids=prompt, images=req.images, sampling=GREEDY)
+    stray = ChatMessage(role="user", parts=[ImagePart(0), TextPart("Click.")], tools=[spec])
+    bad = [
+        GenRequest(messages=[req.messages[0], stray], images=req.images, sampling=GREEDY),
+        GenRequest(messages=[ChatMessage(role="system", parts=[], tools=["[1]"])], sampling=GREEDY),
+        GenRequest(messages=[ChatMessage(role="system", parts=[], tools=["{"])], sampling=GREEDY),
+    ]
+    [[by_messages, by_ids, *aborted, plain]] = serve(ckpt, [with_tools, token_in, *bad, req])
+    text = renderer.tokenizer.decode(by_messages.prompt_ids, skip_special_tokens=False)
+    assert text.startswith("<|im_start|>system\nYou are a GUI agent.\n\n# Tools\n\n")
+    assert f"<tools>\n{spec}\n</tools>" in text and spec not in renderer.template_text(req.messages)
+    assert by_messages.prompt_ids == prompt == by_ids.prompt_ids and by_ids.text == by_messages.text
+    assert [r.finish_reason for r in aborted] == ["abort"] * 3
+    assert "only a first, system message" in aborted[0].error and "not a JSON object" in aborted[1].error
+    assert plain.finish_reason != "abort" and plain.prompt_ids != prompt

@@ -375,3 +375,19 @@ def test_fake_server_validates_like_a_real_server():
     }
     assert models["data"][0]["id"] == "fake-model"
     assert received[-2].body is None and received[-1].image_sizes == [8]  # every request is recorded
+
+
+def test_tool_schemas_for_the_template_refused():
+    """GUI-RL's prompt style has the checkpoint's own template write the tools block; an OpenAI-compatible
+    server rebuilds `tools=` from its own schema model: such a prompt is refused before anything is sent."""
+
+    async def main():
+        async with FakeOpenAIServer() as srv, _engine(srv) as engine:
+            system = ChatMessage(role="system", parts=[TextPart("sys")], tools=['{"type": "function"}'])
+            with pytest.raises(EngineError) as refused:
+                await engine.generate([_ask("hi"), GenRequest(messages=[system])])
+            return refused.value, len(srv.requests)
+
+    refused, n_received = run(main())
+    assert not refused.retryable and "hf or sglang backend" in str(refused)
+    assert n_received == 0

@@ -114,3 +114,76 @@ def test_cli_writes_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str
     printed = capsys.readouterr().out
     assert str(out) in printed and f"{count_parameters(out):,} parameters" in printed
     assert (out / "config.json").exists() and (out / "chat_template.jinja").exists()
+
+
+def test_thinking_template_opens_a_think_block_and_drops_past_reasoning(tmp_path: Path) -> None:
+    """`thinking=True`: Qwen3-VL-Thinking's shape. The generation prompt opens `<think>`; an assistant turn
+    before the last user query keeps only what follows its last `</think>` (leading newlines dropped), one
+    after it keeps its reasoning in a `<think>` block; the system turn and tools block are the Instruct
+    template's, byte for byte."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    thinking = AutoTokenizer.from_pretrained(
+        write_tiny_checkpoint(tmp_path / "thinking", thinking=True), local_files_only=True
+    )
+    instruct = AutoTokenizer.from_pretrained(
+        write_tiny_checkpoint(tmp_path / "instruct"), local_files_only=True
+    )
+
+    def text(part: str) -> list[dict]:
+        return [{"type": "text", "text": part}]
+
+    conversation = [
+        {"role": "system", "content": text("You are a GUI agent.")},
+        {"role": "user", "content": [{"type": "image"}]},
+        {
+            "role": "assistant",
+            "content": text("first idea\n</think>\nsecond\n</think>\n\nAction: click<|im_end|>"),
+        },
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Next?"}]},
+        {"role": "assistant", "content": text("<think>\nplan\n</think>\n\nAction: type")},
+        {"role": "tool", "content": text("ok")},
+        {"role": "assistant", "content": text("no reasoning here")},
+    ]
+    tools = [{"type": "function", "function": {"name": "computer_use", "description": "Use a mouse."}}]
+    got = thinking.apply_chat_template(conversation, tools=tools, add_generation_prompt=True, tokenize=False)
+    system = instruct.apply_chat_template(conversation[:1], tools=tools, tokenize=False)
+    assert system.count("<|im_start|>") == 1 and got.startswith(system)
+    assert "\n<tools>\n" + json.dumps(tools[0]) + "\n</tools>\n" in system
+    assert got[len(system) :] == (
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n"
+        "<|im_start|>assistant\nAction: click<|im_end|><|im_end|>\n"
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Next?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nplan\n</think>\n\nAction: type<|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\nno reasoning here<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n"
+    )
+    plain = [{"role": "user", "content": "hi"}]
+    assert thinking.apply_chat_template(plain, add_generation_prompt=True, tokenize=False) == (
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
+    assert instruct.apply_chat_template(plain, add_generation_prompt=True, tokenize=False).endswith(
+        "<|im_start|>assistant\n"
+    )
+
+
+def test_the_thinking_variant_is_its_own_cache_entry(tmp_path: Path) -> None:
+    """Only the template differs (same weights and vocabulary), the default checkpoint does not record the
+    knob at all (its bytes are as before), and a cache directory holds one variant."""
+    import json
+
+    target = tmp_path / "tiny-thinking"
+    ckpt = ensure_tiny_checkpoint(target, thinking=True)
+    assert json.loads((ckpt / "guirl_tiny.json").read_text())["thinking"] is True
+    assert "<think>" in (ckpt / "chat_template.jinja").read_text()
+    plain = write_tiny_checkpoint(tmp_path / "plain")
+    assert "thinking" not in json.loads((plain / "guirl_tiny.json").read_text())
+    assert (plain / "model.safetensors").read_bytes() == (ckpt / "model.safetensors").read_bytes()
+    assert (plain / "tokenizer.json").read_bytes() == (ckpt / "tokenizer.json").read_bytes()
+    with pytest.raises(ValueError, match="Thinking chat template"):
+        ensure_tiny_checkpoint(target)
+    with pytest.raises(ValueError, match="Instruct chat template"):
+        ensure_tiny_checkpoint(plain, thinking=True)

@@ -17,6 +17,8 @@ from guirl.agent.prompt import (
     PromptTooLong,
     StepRecord,
     build_prompt,
+    gui_rl_action_line,
+    gui_rl_step,
     system_prompt,
 )
 from guirl.config.schema import AgentConfig
@@ -194,3 +196,130 @@ def test_vision_tokens_in_a_past_response_are_left_out():
     assert p.messages[2].role == "assistant" and isinstance(shown, TextPart)
     assert shown.text == 'Action: x\n<tool_call>{"a": ""}</tool_call>'
     assert step.response.startswith("<|vision_start|>")  # the record itself stays verbatim
+
+
+# -- agent.prompt_style ---------------------------------------------------------------------------------
+# Expected values here are written from GUI-RL's code as read (gui-rl/agents/qwen3vl_agent.py @ 0d034dd5:
+# `get_tool_spec`, `parse_response`, `generate_with_gui.py`'s recording), never from guirl's functions;
+# tests/contract/test_gui_rl_prompt.py compares whole prompts with the text GUI-RL's own code builds.
+
+
+def _spec_of(system_text: str) -> dict:
+    return json.loads(system_text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0])
+
+
+def test_the_default_style_is_guirl_s_own():
+    """Left at its default the prompt is as before the setting existed: one tools block (in the system text,
+    none for the template), the notes without the cookbook's remarks, "Execute action"."""
+    history = [StepRecord(screenshot=_png(1), response="r1", action_line="")]
+    p = _build(history)
+    system = p.messages[0]
+    assert system.tools == [] and system.parts[0].text.count("<tools>\n") == 1  # type: ignore[union-attr]
+    action = _spec_of(system.parts[0].text)["function"]["parameters"]["properties"]["action"]  # type: ignore[union-attr]
+    assert action["description"].endswith("its completion status.\n")
+    assert (
+        "* `triple_click`: Triple-click the left mouse button at a specified (x, y) pixel coordinate on the "
+        "screen.\n" in action["description"]
+    )
+    assert "* `hscroll`: Performs a horizontal scroll.\n" in action["description"]
+    assert p.messages[-1].parts[-1].text.endswith("Step 1: Execute action")  # type: ignore[union-attr]
+    assert PromptConfig().style == "guirl" and AgentConfig().prompt_style == "guirl"
+
+
+def test_gui_rl_style_system_turn():
+    """GUI-RL's tool spec: its two notes, the 8 spaces its triple-quoted action description ends with; the
+    same spec again for the chat template's own tools block (GUI-RL passes `tools=[spec]`)."""
+    p = _build([], style="gui-rl", coordinates="absolute")
+    system = p.messages[0]
+    text = system.parts[0].text  # type: ignore[union-attr]
+    assert text.count("<tools>\n") == 1 and text.endswith(
+        "- If finishing, use action=terminate in the tool call."
+    )
+    (tool,) = system.tools
+    assert json.loads(tool) == _spec_of(text)
+    assert tool == text.split("<tools>\n", 1)[1].split("\n</tools>", 1)[0]  # the same bytes, key order kept
+    fn = json.loads(tool)["function"]
+    description = fn["parameters"]["properties"]["action"]["description"]
+    assert description.endswith(
+        "* `terminate`: Terminate the current task and report its completion status.\n        "
+    )
+    assert (
+        "* `triple_click`: Triple-click the left mouse button at a specified (x, y) pixel coordinate on the "
+        "screen (simulated as double-click since it's the closest action).\n" in description
+    )
+    assert "* `hscroll`: Performs a horizontal scroll (mapped to regular scroll).\n" in description
+    assert "* The screen's resolution is 320x192." in fn["description"]
+    assert all(not m.tools for m in p.messages[1:])
+
+
+@pytest.mark.parametrize(
+    ("response", "entry"),
+    [
+        ("Action: Click OK.\n<tool_call>\n{}\n</tool_call>", "Click OK."),
+        # the first matching line of the WHOLE response: reasoning lines count, mid-line mentions do not
+        ("I see it. Action: maybe\n</think>\n\nAction: Click OK.", "Click OK."),
+        ("Action: open the menu first\n</think>\n\nAction: Click OK.", "open the menu first"),
+        # case-insensitive on the stripped line; the entry is stripped
+        ("  aCtIoN:   Click OK.  \n", "Click OK."),
+        ("ACTION: Press Enter\r\n<tool_call>", "Press Enter"),
+        # split at the first colon only, nothing stripped a second time
+        ("Action: Type: hello", "Type: hello"),
+        ("Action: Action: Click", "Action: Click"),
+        # an empty entry does not count: the scan goes on, into and past the tool call
+        ("Action:\n<tool_call>\nAction: inside\n</tool_call>", "inside"),
+        ("Action:   \n<tool_call>{}</tool_call>\nAction: after the call", "after the call"),
+        ("Action: Click OK.<|im_end|>", "Click OK.<|im_end|>"),
+        # not an action line for GUI-RL: markdown, a space before the colon, a full-width colon
+        ("**Action:** Click OK.\n<tool_call>{}</tool_call>", ""),
+        ("Action : Click OK.", ""),
+        ("Action\uff1a Click OK.", ""),
+        ("Action:", ""),
+        ("<tool_call>{}</tool_call>", ""),
+    ],
+)
+def test_gui_rl_action_line(response: str, entry: str):
+    assert gui_rl_action_line(response) == entry
+
+
+def test_gui_rl_history_entries():
+    """An entry is used as extracted (no second `Action:` strip); none: "Execute the tool call"."""
+    history = [
+        StepRecord(screenshot=_png(1), response="r1", action_line="Action: Click"),
+        StepRecord(screenshot=_png(2), response="r2", action_line=""),
+        StepRecord(screenshot=_png(3), response="r3", action_line="Press Enter"),
+    ]
+    text = _build(history, style="gui-rl").messages[-1].parts[-1].text  # type: ignore[union-attr]
+    assert text.endswith(
+        "Previous actions:\nStep 1: Action: Click\nStep 2: Execute the tool call\nStep 3: Press Enter"
+    )
+
+
+def test_gui_rl_step_keeps_the_stop_token():
+    """GUI-RL records `decode(output_ids)`: the `<|im_end|>` the model stopped on stays in the response
+    (so the template closes the history turn after it), and a response cut at max_new_tokens has none."""
+    answer = "Thinking.\n</think>\n\n<tool_call>\n{}\n</tool_call>"
+    stopped = gui_rl_step(b"png", answer, "stop")
+    cut = gui_rl_step(b"png", answer + "\nAction: late", "length")
+    assert stopped.response == answer + "<|im_end|>" and stopped.action_line == ""
+    assert cut.response == answer + "\nAction: late" and cut.action_line == "late"
+    assert stopped.screenshot == b"png"
+    p = _build([StepRecord(_png(1), stopped.response, stopped.action_line)], style="gui-rl")
+    assert p.messages[2].parts[0].text.endswith("</tool_call><|im_end|>")  # type: ignore[union-attr]
+
+
+def test_gui_rl_style_has_no_token_budget():
+    """GUI-RL never drops history images for length: neither does its style here, whatever the budget;
+    the estimate counts the template's second tools block."""
+    history = _history(3)
+    p = _build(history, style="gui-rl", max_prompt_tokens=1)
+    assert p.dropped_images == 0 and len(p.images) == 3
+    assert p.est_tokens > _build(history).est_tokens + len(p.messages[0].tools[0])
+    with pytest.raises(PromptTooLong):
+        _build(history, max_prompt_tokens=1)
+
+
+def test_prompt_style_from_config():
+    cfg = PromptConfig.from_config(AgentConfig(prompt_style="gui-rl"))
+    assert cfg == PromptConfig(style="gui-rl")
+    with pytest.raises(ValueError):
+        system_prompt(1, 1, "relative", "gui_rl")  # type: ignore[arg-type]

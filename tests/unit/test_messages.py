@@ -466,6 +466,34 @@ def test_body_missing_required_field_is_schema() -> None:
     assert info.value.code == "schema"
 
 
+class ChatMessageV1(msgspec.Struct, frozen=True, kw_only=True):
+    """A `ChatMessage` as guirl defined it before `tools`."""
+
+    role: str
+    parts: list[TextPart | ImagePart]
+
+
+def test_chat_message_tools_travel_and_stay_off_the_wire_when_empty() -> None:
+    """`ChatMessage.tools` (GUI-RL's prompt style) crosses the policy channel whole; a message without
+    tools encodes byte for byte as before the field existed, and an older peer reads one with tools."""
+    plain = ChatMessage(role="system", parts=[TextPart("sys")])
+    assert msgspec.msgpack.encode(plain) == msgspec.msgpack.encode(
+        ChatMessageV1(role="system", parts=[TextPart("sys")])
+    )
+    spec = '{"type": "function", "function": {"name": "computer_use"}}'
+    req = PolicyRequest(
+        episode_id="e", step=0, messages=[ChatMessage(role="system", parts=[TextPart("sys")], tools=[spec])]
+    )
+    _, got = Codec().decode(Codec().encode(make_header(IDS, "w"), req), CHANNELS["policy"])
+    assert got.messages[0].tools == [spec] and got == req
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(req.messages[0]), type=ChatMessageV1)
+    assert old == ChatMessageV1(role="system", parts=[TextPart("sys")])
+    with pytest.raises(msgspec.ValidationError):  # bounded on decode
+        msgspec.msgpack.decode(
+            msgspec.msgpack.encode({"role": "system", "parts": [], "tools": ["{}"] * 17}), type=ChatMessage
+        )
+
+
 # --- header ---------------------------------------------------------------------------------------
 
 

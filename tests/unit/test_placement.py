@@ -376,3 +376,17 @@ def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "plan for train" in out.stdout and list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_checks_the_prompt_style(seed_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """GUI-RL's prompt style has the checkpoint's own template write a tools block: an OpenAI-compatible
+    endpoint cannot, and GUI-R1's answer format has no such prompt."""
+    args = ["eval", "--config", str(CONFIGS / "osworld_qwen3vl_4b_eval.toml"), "--dry-run"]
+    assert main([*args, "--set", "agent.prompt_style=gui-rl"]) == 0
+    capsys.readouterr()
+    assert main([*args, "--set", "agent.prompt_style=gui-rl", "--set", "inference.backend=openai"]) == 2
+    assert 'needs inference.backend "hf" or "sglang"' in capsys.readouterr().err
+    assert main([*args, "--set", "agent.prompt_style=gui-rl", "--set", "agent.response_format=gui_r1"]) == 2
+    assert 'needs agent.response_format = "computer_use"' in capsys.readouterr().err
+    assert main([*args, "--set", "agent.prompt_style=gui_rl"]) == 2  # a typo names the choices
+    assert "expected one of 'guirl', 'gui-rl'" in capsys.readouterr().err
