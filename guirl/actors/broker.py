@@ -1,34 +1,48 @@
 """The InferenceBroker actor: fronts the inference engines of one or more models.
 
 Env workers (and the PRM actor) send `PolicyRequest`s; the broker queues them per model (bounded: a full
-queue answers `overloaded`, retryable, which is the backpressure workers feel), forms batches (up to
-`max_batch`, waiting at most `max_wait_ms` for a partial one to fill) whenever an engine is free, routes
-each batch to the least-loaded healthy engine, and answers every request with the engine's text, exact
-token ids, behaviour log-probs and the policy version that produced them.
+queue answers `overloaded`, retryable, which is the backpressure workers feel), hands them to the least-loaded
+healthy engine that can take them, and answers every request with the engine's text, exact token ids,
+behaviour log-probs and the policy version that produced them. Two ways to hand them over, per engine
+(`Engine.max_inflight`, or `inference.dispatch` for all):
 
-Engines are health-checked on a period. A batch that fails on an engine that died (or errs in a way
+- static batches (hf, scripted): whenever the engine has nothing in flight, a batch of up to `max_batch`
+  (waiting at most `max_wait_ms` for a partial one to fill) in one `generate` call;
+- streaming (sglang, openai: servers that batch continuously by themselves): each request alone, as soon as
+  the engine has fewer than `max_inflight` in flight, so nobody waits for a batch's slowest member.
+
+Load is the estimated tokens in flight (prompt + `max_new_tokens`, `guirl.actors.routing`), then the
+requests in flight: the in-flight cap already bounds the count, and within it a continuous batcher's step
+time and memory grow with the tokens it holds, which differ severalfold between requests (screenshots of
+history, response budgets).
+
+Engines are health-checked on a period. A request that fails on an engine that died (or errs in a way
 another engine may not) is put back at the head of the queue and tried elsewhere, up to `max_attempts`
 engines per request; a request the engine rejects as bad fails alone, with a non-retryable error (a
 batch rejected as bad is served again one request at a time, so its other requests are answered). A
-batch that takes longer than `request_timeout_s` (nobody waits for it any more) counts as the engine
+call that takes longer than `request_timeout_s` (nobody waits for it any more) counts as the engine
 failing. Queued and in-flight requests are bounded in bytes as well as in number (`runtime.inbox_max_bytes`,
 the bound a mailbox holds its inbox to), and hold their images once (not also the received frames).
-Weight updates (`WeightsPublished`) are applied to each engine between its batches.
+
+Weight updates (`WeightsPublished`) drain the policy's engines: nothing new is sent to them, their requests
+in flight end (each within `request_timeout_s`, so an update waits at most that long however busy the
+broker is), they update together, and they take requests again. So no response is tagged with a version older
+than an update that has been acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from guirl.actors.base import Actor, Request
 from guirl.actors.errors import FatalError
+from guirl.actors.routing import EngineSlot, ModelQueue, Pending, load_tokens
 from guirl.config.schema import InferenceConfig
 from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, GenResult
 from guirl.messages import PolicyChannel
@@ -46,58 +60,8 @@ log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 10.0
 FAILURES_TO_DEAD = 3
-"""Consecutive failed batches (of errors another engine may not have) after which an engine is routed
+"""Consecutive failed calls (of errors another engine may not have) after which an engine is routed
 around until its health check passes."""
-
-
-@dataclass
-class _Pending:
-    """A request waiting for (or being served by) an engine. It keeps the sender's address, not the
-    received `Request`, whose frames would keep a second copy of the images alive."""
-
-    peer: list[bytes]
-    msg_id: str
-    gen: GenRequest
-    enqueued: float
-    nbytes: int = 0
-    attempts: int = 0
-    tried: set[str] = field(default_factory=set)
-
-
-@dataclass
-class _EngineSlot:
-    """An engine and what the broker knows of it."""
-
-    engine: Engine
-    healthy: bool = False
-    busy: bool = False  # one batch in flight at a time (an engine batches internally)
-    inflight: int = 0
-    served: int = 0
-    failures: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # batches and weight updates take turns
-
-
-class _ModelQueue:
-    """The queue and engines of one model name."""
-
-    def __init__(self, model: str, engines: list[Engine], max_batch: int, max_queue: int) -> None:
-        self.model = model
-        self.slots = [_EngineSlot(e) for e in engines]
-        self.max_batch = max_batch
-        self.max_queue = max_queue
-        self.queue: collections.deque[_Pending] = collections.deque()
-        self.changed = asyncio.Event()  # a request arrived, or an engine became free or healthy
-
-    def pick(self, avoid: set[str] | frozenset[str] = frozenset()) -> _EngineSlot | None:
-        """The least-loaded free healthy engine (fewest in flight, then fewest served), preferring one the
-        head request has not failed on (`avoid`); a busy untried engine is not waited for."""
-        free = [s for s in self.slots if s.healthy and not s.busy]
-        fresh = [s for s in free if s.engine.name not in avoid]
-        return min(fresh or free, key=lambda s: (s.inflight, s.served), default=None)
-
-    @property
-    def any_healthy(self) -> bool:
-        return any(s.healthy for s in self.slots)
 
 
 def make_engines(
@@ -189,6 +153,7 @@ def _sglang_engines(
                 url=url,
                 tp_size=sg.tp_size,
                 start_timeout_s=sg.start_timeout_s,
+                deterministic=sg.deterministic,
                 **common,
             )
             for i, url in enumerate(sg.urls)
@@ -204,6 +169,7 @@ def _sglang_engines(
             port=sg.port + 50 * i if sg.port else 0,
             mem_fraction_static=sg.mem_fraction_static,
             context_length=sg.context_length,
+            deterministic=sg.deterministic,
             command=list(sg.server_command),
             extra_args=list(sg.extra_args),
             log_path=f"{log_dir}/{name}.log" if log_dir else "",
@@ -315,9 +281,10 @@ class InferenceBroker(Actor):
         }
         self.model = model
         self._judge = judge  # {"prm": PRMConfig as a dict, "ckpt": path}: also serve the PRM's judge
-        self.models: dict[str, _ModelQueue] = {}
+        self.models: dict[str, ModelQueue] = {}
         self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
+        self._updating = asyncio.Lock()  # weight updates take turns (each drains the engines)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -341,7 +308,13 @@ class InferenceBroker(Actor):
             raise FatalError(f"the broker has no engines for {model!r}")
         if model in self.models:
             raise FatalError(f"two sets of engines for model name {model!r}")
-        queue = _ModelQueue(model, engines, max_batch or self.cfg.max_batch, max_queue or self.cfg.max_queue)
+        queue = ModelQueue(
+            model,
+            engines,
+            max_batch or self.cfg.max_batch,
+            max_queue or self.cfg.max_queue,
+            dispatch=self.cfg.dispatch,
+        )
         results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
         for slot, res in zip(queue.slots, results, strict=True):
             if isinstance(res, BaseException):
@@ -352,7 +325,12 @@ class InferenceBroker(Actor):
         if not queue.any_healthy:
             raise FatalError(f"no engine of {model!r} could start: {results[0]!r}")
         self.models[model] = queue
-        log.info("%d engine(s) up for %r: %s", len(engines), model, [e.name for e in engines])
+        log.info(
+            "%d engine(s) up for %r: %s",
+            len(engines),
+            model,
+            [f"{s.engine.name} ({f'streams {s.stream}' if s.stream else 'batches'})" for s in queue.slots],
+        )
 
     async def main(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -360,7 +338,7 @@ class InferenceBroker(Actor):
                 self._tasks.add(tg.create_task(self._dispatch(queue, tg), name=f"dispatch:{queue.model}"))
                 self._tasks.add(tg.create_task(self._health_loop(queue), name=f"health:{queue.model}"))
             await self._stop.wait()
-            for task in self._tasks:  # dispatchers, health checks and batches in flight
+            for task in self._tasks:  # dispatchers, health checks and calls in flight
                 task.cancel()
 
     async def teardown(self) -> None:
@@ -374,10 +352,13 @@ class InferenceBroker(Actor):
     # -- requests ------------------------------------------------------------------------------------
 
     def stats(self) -> Any:
-        """The counters, and `weights.live_ranks`: the weight-group ranks the policy's healthy engines take
-        now (the learner sizes its next group by it, so a dead engine does not hold a broadcast up)."""
+        """The counters, and gauges: `weights.live_ranks`, the weight-group ranks the policy's healthy
+        engines take now (the learner sizes its next group by it, so a dead engine does not hold a broadcast
+        up); `requests.queued` and `requests.inflight`, over every model, now."""
         reply = super().stats()
         reply.counters["weights.live_ranks"] = self.live_weight_ranks()
+        reply.counters["requests.queued"] = sum(len(q.queue) for q in self.models.values())
+        reply.counters["requests.inflight"] = sum(q.inflight for q in self.models.values())
         return reply
 
     def live_weight_ranks(self) -> int:
@@ -422,7 +403,9 @@ class InferenceBroker(Actor):
             step=msg.step,
             episode_id=msg.episode_id,
         )
-        queue.queue.append(_Pending(req.peer, req.header.msg_id, gen, time.monotonic(), req.nbytes))
+        queue.queue.append(
+            Pending(req.peer, req.header.msg_id, gen, time.monotonic(), req.nbytes, load_tokens(msg))
+        )
         self.pending_bytes += req.nbytes
         self.counters["requests"] += 1
         queue.changed.set()
@@ -430,14 +413,18 @@ class InferenceBroker(Actor):
 
     # -- batching and routing ------------------------------------------------------------------------
 
-    async def _dispatch(self, queue: _ModelQueue, tg: asyncio.TaskGroup) -> None:
-        """Whenever an engine is free and requests wait, form a batch and hand it to that engine."""
+    async def _dispatch(self, queue: ModelQueue, tg: asyncio.TaskGroup) -> None:
+        """Whenever an engine can take work and requests wait, hand it the head request (a streaming engine)
+        or a batch from the head (a static one)."""
         wait_s = self.cfg.max_wait_ms / 1000.0
         while True:
             slot = queue.pick(queue.queue[0].tried) if queue.queue else None
             if slot is None:
                 queue.changed.clear()
                 await queue.changed.wait()
+                continue
+            if slot.stream:  # no batch to fill: the request joins the engine's running batch now
+                self._send(queue, slot, [queue.queue.popleft()], tg)
                 continue
             limit = max(1, min(queue.max_batch, slot.engine.max_batch))
             # a partial batch waits (briefly) for company; a full one, or no wait configured, goes now
@@ -448,41 +435,40 @@ class InferenceBroker(Actor):
                     await asyncio.wait_for(queue.changed.wait(), left)
                 except TimeoutError:
                     break
-            if not slot.healthy or slot.busy:  # it died (or was taken) while we waited: pick again
+            if not slot.free:  # it died, or is draining for a weight update, while we waited: pick again
                 continue
             batch = [queue.queue.popleft() for _ in range(min(limit, len(queue.queue)))]
-            if not batch:
-                continue
-            slot.busy = True
-            slot.inflight += len(batch)
-            task = tg.create_task(self._serve(queue, slot, batch), name=f"batch:{slot.engine.name}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if batch:
+                self._send(queue, slot, batch, tg)
 
-    async def _serve(self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending]) -> None:
+    def _send(self, queue: ModelQueue, slot: EngineSlot, batch: list[Pending], tg: asyncio.TaskGroup) -> None:
+        slot.take(batch)  # before any await: the next pick sees it
+        kind = "request" if slot.stream else "batch"
+        task = tg.create_task(self._serve(queue, slot, batch), name=f"{kind}:{slot.engine.name}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, queue: ModelQueue, slot: EngineSlot, batch: list[Pending]) -> None:
         try:
             await self._generate(queue, slot, batch)
         finally:
-            slot.busy = False
-            slot.inflight -= len(batch)
-            slot.served += len(batch)
+            slot.release(batch)
             queue.changed.set()
 
-    async def _generate(self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending]) -> None:
+    async def _generate(self, queue: ModelQueue, slot: EngineSlot, batch: list[Pending]) -> None:
         """One `generate` call on `slot` for `batch`, and the answers (or the failure) it leads to."""
         engine = slot.engine
         started = time.monotonic()
         try:
-            async with slot.lock:
-                # Past the request timeout nobody waits for this batch: an engine that hangs (its health
-                # probe may still say yes) must fail it, or its requests are never answered.
-                try:
-                    async with asyncio.timeout(self.cfg.request_timeout_s):
-                        results = await engine.generate([p.gen for p in batch])
-                except TimeoutError:
-                    raise EngineError(
-                        f"no results within {self.cfg.request_timeout_s:g} s", retryable=True
-                    ) from None
+            # Past the request timeout nobody waits for this call: an engine that hangs (its health probe
+            # may still say yes) must fail it, or its requests are never answered (nor its drain ends).
+            try:
+                async with asyncio.timeout(self.cfg.request_timeout_s):
+                    results = await engine.generate([p.gen for p in batch])
+            except TimeoutError:
+                raise EngineError(
+                    f"no results within {self.cfg.request_timeout_s:g} s", retryable=True
+                ) from None
             if len(results) != len(batch):
                 raise EngineError(f"engine returned {len(results)} results for {len(batch)} requests")
         except Exception as exc:
@@ -499,34 +485,39 @@ class InferenceBroker(Actor):
             self._batch_failed(queue, slot, batch, exc)
             return
         slot.failures = 0
-        self.counters["batches"] += 1
-        self.counters["batched_requests"] += len(batch)
+        if slot.stream:
+            self.counters["requests.streamed"] += len(batch)
+        else:
+            self.counters["batches"] += 1
+            self.counters["batched_requests"] += len(batch)
         for p, result in zip(batch, results, strict=True):
             self.counters[f"finish.{result.finish_reason}"] += 1
             self._answer(p, _response(result, started - p.enqueued))
 
-    def _answer(self, p: _Pending, msg: Message) -> None:
+    def _answer(self, p: Pending, msg: Message) -> None:
         """Send a request its one answer and stop counting its bytes."""
         self.pending_bytes -= p.nbytes
         self.mailbox.send(p.peer, msg, reply_to=p.msg_id)
 
     def _batch_failed(
-        self, queue: _ModelQueue, slot: _EngineSlot, batch: list[_Pending], exc: Exception
+        self, queue: ModelQueue, slot: EngineSlot, batch: list[Pending], exc: Exception
     ) -> None:
         name = slot.engine.name
         retryable = getattr(exc, "retryable", True)  # a bug in an engine counts as that engine failing
-        slot.failures += 1
+        if retryable:  # a request rejected as bad says nothing against the engine
+            slot.failures += 1
         # Dead (or a bug), or failing again and again: route around it until a health check passes. One
-        # passing fault (a rate limit, a timeout) only sends its batch elsewhere.
+        # passing fault (a rate limit, a timeout) only sends its requests elsewhere.
         if (
             isinstance(exc, EngineDead)
             or not isinstance(exc, EngineError)
             or slot.failures >= FAILURES_TO_DEAD
         ):
+            if slot.healthy:  # once, however many of its requests in flight fail with it
+                log.warning("engine %s failed (%r): routing around it until it is healthy", name, exc)
+                self.counters["engines.marked_dead"] += 1
             slot.healthy = False
-            log.warning("engine %s failed a batch (%r): routing around it until it is healthy", name, exc)
-            self.counters["engines.marked_dead"] += 1
-        self.counters["batches.failed"] += 1
+        self.counters["streamed.failed" if slot.stream else "batches.failed"] += 1
         requeue = []
         for p in batch:
             p.attempts += 1
@@ -546,7 +537,7 @@ class InferenceBroker(Actor):
 
     # -- health and weights --------------------------------------------------------------------------
 
-    async def _health_loop(self, queue: _ModelQueue) -> None:
+    async def _health_loop(self, queue: ModelQueue) -> None:
         while True:
             await asyncio.sleep(self.cfg.health_interval_s)
             for slot in queue.slots:
@@ -570,13 +561,19 @@ class InferenceBroker(Actor):
             queue.changed.set()
 
     async def _update_weights(self, msg: WeightsPublished) -> None:
-        """Every healthy policy engine takes the new weights between its batches: from a path, or by joining
-        the learner's weight group (rank 1.. in engine order), all at once, since a broadcast completes only
-        when every member has joined. The learner sized the group by `weights.live_ranks`; if the healthy
-        engines no longer fill it exactly, the update fails (the learner falls back to the disk path). An
-        engine that is down keeps its version (its samples are tagged with it) until a later update. The
-        judge's engines keep theirs (the PRM is not trained)."""
-        slots = [s for s in self.models[self.model].slots if s.healthy]
+        """Updates take turns; see `_update_drained`."""
+        async with self._updating:
+            await self._update_drained(msg)
+
+    async def _update_drained(self, msg: WeightsPublished) -> None:
+        """Every healthy policy engine takes the new weights with nothing in flight (`_drained`): from a path,
+        or by joining the learner's weight group (rank 1.. in engine order), all at once, since a broadcast
+        completes only when every member has joined. The learner sized the group by `weights.live_ranks`; if
+        the healthy engines no longer fill it exactly, the update fails (the learner falls back to the disk
+        path). An engine that is down keeps its version (its samples are tagged with it) until a later update.
+        The judge's engines keep theirs (the PRM is not trained)."""
+        queue = self.models[self.model]
+        slots = [s for s in queue.slots if s.healthy]
         if not slots:
             raise EngineError("no healthy policy engine to update")
         if msg.weight_group:
@@ -588,20 +585,44 @@ class InferenceBroker(Actor):
                     f"{1 + live}"
                 )
 
-        async def one(rank: int, slot: _EngineSlot) -> None:
+        async def one(rank: int, slot: EngineSlot) -> None:
             if msg.weight_group:
                 spec: dict[str, Any] = {"broadcast": msg.weight_group, "rank": rank}
                 if msg.buckets:
                     spec["buckets"] = msg.buckets
             else:
                 spec = {"path": msg.path}
-            async with slot.lock:  # between batches
-                await slot.engine.update_weights(msg.version, spec)
+            await slot.engine.update_weights(msg.version, spec)
 
         # an engine takes one rank of the group per GPU it spans (an SGLang server with tensor parallelism)
         offsets = [1]
         for slot in slots[:-1]:
             offsets.append(offsets[-1] + weight_ranks(slot.engine))
-        await asyncio.gather(*(one(rank, slot) for rank, slot in zip(offsets, slots, strict=True)))
+        async with self._drained(queue, slots):
+            # every engine's update runs to its end before any takes requests again (one failing must not
+            # let requests reach another mid-update)
+            results = await asyncio.gather(
+                *(one(rank, slot) for rank, slot in zip(offsets, slots, strict=True)), return_exceptions=True
+            )
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
         self.policy_version = msg.version
         self.counters["weights.updates"] += 1
+
+    @contextlib.asynccontextmanager
+    async def _drained(self, queue: ModelQueue, slots: list[EngineSlot]) -> Any:
+        """Stop sending `slots` requests and wait until none is in flight, run the body, then resume. The
+        wait is bounded: each call in flight ends within `request_timeout_s`, and nothing new starts. A
+        request arriving meanwhile goes to an engine not drained, or waits in the queue."""
+        for slot in slots:
+            slot.draining = True
+        try:
+            started = time.monotonic()
+            await asyncio.gather(*(slot.idle.wait() for slot in slots))
+            self.counters["weights.drain_ms"] += round((time.monotonic() - started) * 1000)
+            yield
+        finally:
+            for slot in slots:
+                slot.draining = False
+            queue.changed.set()

@@ -534,7 +534,13 @@ class Learner(Actor):
 
     async def _broadcast(self, version: int, state: dict[str, Any], timings: dict[str, float]) -> bool:
         from guirl.learner.trainer import savable_state, tied_embeddings
-        from guirl.learner.weights import WeightGroupSpec, WeightSender, WeightSyncError, sglang_buckets
+        from guirl.learner.weights import (
+            WeightGroupSpec,
+            WeightSender,
+            WeightSyncError,
+            sglang_buckets,
+            unique_group_name,
+        )
 
         ranks = await self._live_ranks()
         if ranks == 0:
@@ -548,6 +554,7 @@ class Learner(Actor):
                 host=host_address(),  # the learner host's cluster address (loopback on one machine)
                 port=free_port(host_address()),
                 world_size=1 + ranks,
+                group_name=unique_group_name(),  # SGLang refuses a name it still holds (a failed group's)
                 timeout_s=min(120.0, self.runtime.request_timeout_s),
                 backend=self.weight_backend,  # type: ignore[arg-type]
                 layout=self.weight_layout,  # type: ignore[arg-type]

@@ -461,7 +461,8 @@ class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How requests reach engines: `auto` streams them to engines that batch continuously (sglang, openai:
     each request sent alone, up to the engine's `max_concurrency` at once, no batch barrier) and forms static
     batches for the others (hf, scripted); `batch` forms static batches for every engine, one in flight each;
-    `stream` streams to every engine (a static one takes up to its `max_batch` at once)."""
+    `stream` streams to every engine (a static one takes up to its `max_batch` at once). For every model the
+    broker serves (the PRM's judge too)."""
     hf: HFBackendConfig = msgspec.field(default_factory=HFBackendConfig)
     """Transformers backend settings."""
     openai: OpenAIBackendConfig = msgspec.field(default_factory=OpenAIBackendConfig)

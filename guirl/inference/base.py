@@ -54,6 +54,9 @@ class GenRequest:
     """The step of the episode this request is for."""
     episode_id: str = ""
     """The episode this request is for (the scripted judge answers per episode and step)."""
+    rendered: Any = None
+    """The model inputs already prepared (a `RenderedPrompt`: ids, pixel values, image grid), for an engine
+    that takes them as given (the hf engine; the SGLang stand-in hands it SGLang's own processing)."""
 
 
 @dataclass
@@ -82,6 +85,11 @@ class Engine(Protocol):
     supports_tokens: bool
     max_batch: int
     """Most requests this engine takes in one `generate` call (1 = no batching)."""
+    max_inflight: int
+    """Requests this engine serves at once when it batches continuously by itself (an SGLang server, an
+    OpenAI-compatible endpoint): the broker sends each request alone as soon as one of these slots frees,
+    with no batch barrier. 0: it batches statically, and the broker keeps one `generate` call of up to
+    `max_batch` requests in flight."""
 
     async def start(self) -> None:
         """Load the model or connect to the server; raise `EngineError` when it cannot serve."""

@@ -97,6 +97,7 @@ class HFEngine:
     """A transformers model behind the `Engine` protocol; token-exact (prompt/response ids, log-probs)."""
 
     supports_tokens = True
+    max_inflight = 0  # static batches, one `generate` at a time (the model is not reentrant)
 
     def __init__(
         self,
@@ -369,7 +370,12 @@ class HFEngine:
                     raise ValueError(
                         f"prompt_ids hold {bad!r}, not a token id of this model (0..{self._vocab - 1})"
                     )
-                prompt = self.renderer.render_ids(list(req.prompt_ids), req.images)
+                if req.rendered is not None:
+                    prompt = req.rendered
+                    if list(prompt.input_ids) != list(req.prompt_ids):
+                        raise ValueError("the prepared inputs are not those prompt_ids")
+                else:
+                    prompt = self.renderer.render_ids(list(req.prompt_ids), req.images)
             else:
                 prompt = self.renderer.render(req.messages, req.images)
             room = self._max_positions - len(prompt.input_ids)

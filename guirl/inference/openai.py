@@ -78,8 +78,10 @@ class OpenAIEngine:
         """Open the HTTP session (the endpoint is probed by `health`, not here: it may still be loading)."""
         if self._session is None or self._session.closed:
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            # room beside `max_concurrency` completions for the health probe: the broker keeps that many in
+            # flight, and a probe queued behind them for a connection would time out and take the engine out
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_concurrency), headers=headers
+                connector=aiohttp.TCPConnector(limit=self.max_concurrency + 2), headers=headers
             )
             self._slots = asyncio.Semaphore(self.max_concurrency)
 

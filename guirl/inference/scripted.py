@@ -32,6 +32,7 @@ class ScriptedEngine:
     """Answers each request from its task's script (see the module docstring); no tokens, no weights."""
 
     supports_tokens = False
+    max_inflight = 0  # static batches (Engine.max_inflight)
 
     def __init__(
         self,
@@ -143,6 +144,7 @@ class ScriptedJudgeEngine:
     step, as a judge would write it (reasoning, then `\\boxed{...}`), after `latency_s` per call."""
 
     supports_tokens = False
+    max_inflight = 0  # static batches (Engine.max_inflight)
 
     def __init__(
         self, name: str, *, latency_s: float = 0.0, invalid_every: int = 0, max_batch: int = 8

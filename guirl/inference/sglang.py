@@ -1,22 +1,28 @@
 """The `sglang` engine: one SGLang server (launched here, or attached to by URL) behind the `Engine`
-protocol, speaking SGLang's native HTTP API.
+protocol, speaking SGLang's native HTTP API (the releases in setup.cfg's `gpu` extra; tests/contract runs
+SGLang's own code on what this module sends).
 
-Generation: `POST /generate` with the prompt's exact token ids (`input_ids`, rendered here with the
-checkpoint's own tokenizer and image processor, as the `hf` engine renders them) and the step's images
-(`image_data`, base64), the sampling settings (`sampling_seed` per request), and `return_logprob`. The
-result carries the prompt ids the engine used (checked against the server's `prompt_tokens`: a server
-that expanded the images differently would make training score other tokens), the response ids and
-their log-probs from `meta_info.output_token_logprobs`, and the finish reason, exactly as the `hf`
-engine returns them. SGLang accepts a vision block with one `<|image_pad|>` or already expanded ones
-and expands it itself by the image's grid, so sending the expanded ids is safe.
+Generation: `POST /generate` (`guirl.inference.sglang_api`) with the prompt's token ids, rendered here with
+the checkpoint's own tokenizer and image processor as the `hf` engine renders them, each image's pad run
+collapsed to one `<|image_pad|>` (SGLang expands it from the image grid), the step's images as `data:`
+URLs, the sampling settings and `return_logprob`. The result carries guirl's expanded prompt ids (checked
+against the ids the server echoes), the response ids and their log-probs, and the finish reason, exactly
+as the `hf` engine returns them.
 
-Weights (`update_weights`): from the learner's weight group, `POST /init_weights_update_group` once
+Weights (`update_weights`): from the learner's weight group, `POST /init_weights_update_group` once per group
 (rank offset: this engine's first rank in the group; a server with tensor parallelism takes `tp_size`
-ranks), then one `POST /update_weights_from_distributed` per bucket of the learner's plan (names, dtypes,
+ranks; the group it was in before is destroyed first: SGLang refuses a group name it already holds), then,
+inside a weight-update session (`POST /begin_weight_update` ... `POST /end_weight_update`, always ended;
+SGLang 0.5.21+ refuses a distributed update outside one, an older server answers the session routes 404 and
+goes without), one `POST /update_weights_from_distributed` per bucket of the learner's plan (names, dtypes,
 shapes; `load_format="flattened_bucket"` or one collective per tensor) while the learner broadcasts that
-bucket, then `POST /flush_cache` (the radix cache holds KV of the old weights). From disk:
-`POST /update_weights_from_disk`. The broker drains the engine first (no batch in flight during an
-update), so generation is never paused mid-request.
+bucket, then `POST /flush_cache?timeout=...` (the radix cache holds KV of the old weights; SGLang refuses a
+flush while any request runs, and waits for idle up to the timeout). From disk: `POST
+/update_weights_from_disk`. The broker drains the engine first, so generation is never paused mid-request.
+
+Seeds: `sampling_seed` is honoured only by a server started with `--enable-deterministic-inference`
+(`inference.sglang.deterministic` launches with it; an attached server says in `/server_info`); to any other
+server no seed is sent, and requests that carry one are sampled unseeded (logged once).
 
 Errors: the server unreachable or gone is `EngineDead`; a timeout, a 5xx or a reply that is not what
 SGLang sends is a retryable `EngineError` (another engine may serve); a 4xx to a generate request is that
@@ -24,15 +30,16 @@ request's fault and answers it alone with `finish_reason="abort"`. Every call ha
 read is capped: a broken or hostile server cannot hang or flood the broker.
 
 Launch: `python -m sglang.launch_server --model-path ... --tp-size N --port P --mem-fraction-static F`
-(plus `--context-length`, extra flags) with `CUDA_VISIBLE_DEVICES` set to the engine's GPUs, in its own
-process group, logging to `<run_dir>/logs/<engine>.log`; ready when `/health_generate` answers 200; a
-server that exits or does not get ready in time fails the start with its log's tail.
+(plus `--context-length`, `--enable-deterministic-inference`, extra flags) with `CUDA_VISIBLE_DEVICES` set to
+the engine's GPUs, in its own process group, logging to `<run_dir>/logs/<engine>.log`; ready when
+`/health_generate` answers 200; a server that exits or does not get ready in time fails the start with its
+log's tail.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
+import contextlib
 import functools
 import logging
 import os
@@ -40,6 +47,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,16 +56,9 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from guirl.inference.base import (
-    EngineDead,
-    EngineError,
-    FinishReason,
-    GenRequest,
-    GenResult,
-    gather_requests,
-    stamp,
-)
+from guirl.inference.base import EngineDead, EngineError, GenRequest, GenResult, gather_requests, stamp
 from guirl.inference.openai import error_message, read_capped
+from guirl.inference.sglang_api import bucket_body, generate_body, init_group_body, parse_generate, wire_ids
 from guirl.messages.types import ImagePart
 from guirl.net import free_port
 
@@ -69,7 +70,8 @@ HEALTH_TIMEOUT_S = 20.0
 """Most seconds a health probe waits (SGLang's `/health_generate` runs a one-token generation)."""
 CONTROL_TIMEOUT_S = 60.0
 """Most seconds a control call (flush, pause, server info) waits."""
-_FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
+FLUSH_WAIT_S = 30.0
+"""Most seconds SGLang may wait for its running requests (a health probe's) to end before flushing."""
 
 
 @dataclass
@@ -85,6 +87,8 @@ class LaunchSpec:
     """0: a free port."""
     mem_fraction_static: float = 0.8
     context_length: int = 0
+    deterministic: bool = False
+    """`--enable-deterministic-inference`: the server honours `sampling_seed`."""
     command: list[str] = field(default_factory=list)
     """The command before SGLang's flags (empty: `python -m sglang.launch_server`)."""
     extra_args: list[str] = field(default_factory=list)
@@ -97,6 +101,8 @@ class LaunchSpec:
         cmd += ["--tp-size", str(self.tp_size), "--mem-fraction-static", f"{self.mem_fraction_static:g}"]
         if self.context_length:
             cmd += ["--context-length", str(self.context_length)]
+        if self.deterministic:
+            cmd += ["--enable-deterministic-inference"]
         return cmd + list(self.extra_args)
 
 
@@ -104,6 +110,7 @@ class SGLangEngine:
     """One SGLang server; see the module docstring."""
 
     supports_tokens = True
+    max_inflight = property(lambda self: self.max_concurrency)  # batches continuously (Engine.max_inflight)
 
     def __init__(
         self,
@@ -118,6 +125,7 @@ class SGLangEngine:
         request_timeout_s: float = 600.0,
         weight_load_format: str = "flattened_bucket",
         start_timeout_s: float = 1200.0,
+        deterministic: bool = False,
     ) -> None:
         if bool(url) == (launch is not None):
             raise ValueError(
@@ -133,6 +141,9 @@ class SGLangEngine:
         self.request_timeout_s = request_timeout_s
         self.flattened = weight_load_format == "flattened_bucket"
         self.start_timeout_s = launch.start_timeout_s if launch is not None else start_timeout_s
+        self.deterministic = launch.deterministic if launch is not None else deterministic
+        """The server honours `sampling_seed` (asked for; an attached server's `/server_info` has the last
+        word)."""
         self.policy_version = -1
         self.last_update: dict[str, float] = {}
         """Seconds the last weight update spent: `join` (forming the group), `receive`, `flush`."""
@@ -143,6 +154,8 @@ class SGLangEngine:
         self._renderer: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._group: dict[str, Any] | None = None  # the weight group joined (its spec), and our rank in it
+        self._sessions = True  # the server has the weight-update session routes (SGLang 0.5.21+)
+        self._seeds_ignored_logged = False
         self._rid = 0
 
     @property
@@ -174,13 +187,24 @@ class SGLangEngine:
             self._spawn()
         await self._wait_ready(self.start_timeout_s)
         info = await self._server_info()
-        tp = info.get("tp_size") if isinstance(info, dict) else None
+        info = info if isinstance(info, dict) else {}
+        tp = info.get("tp_size")
         if isinstance(tp, int) and tp != self.tp_size:
             raise EngineError(
                 f"engine {self.name}: {self.url} serves with tp_size {tp}, the config says {self.tp_size} "
                 "(inference.sglang.tp_size): the weight group would count the wrong ranks",
                 retryable=False,
             )
+        served = info.get("enable_deterministic_inference")
+        if isinstance(served, bool):
+            if self.deterministic and not served:
+                log.warning(
+                    "engine %s: %s was not started with --enable-deterministic-inference: its samples "
+                    "ignore the requests' seeds (inference.sglang.deterministic asks for them)",
+                    self.name,
+                    self.url,
+                )
+            self.deterministic = served
 
     def _spawn(self) -> None:
         spec = self.launch
@@ -246,7 +270,11 @@ class SGLangEngine:
             return False
 
     async def close(self) -> None:
-        """Close the session; stop a launched server (its whole process group: TP workers too)."""
+        """Leave the weight group (an attached server keeps serving, and would hold the group's name); close
+        the session; stop a launched server (its whole process group: TP workers too)."""
+        if self._group is not None and self._session is not None and self._proc is None:
+            with contextlib.suppress(EngineError):
+                await self._leave()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -280,8 +308,22 @@ class SGLangEngine:
         except ValueError as exc:  # the request itself is bad: answered alone, as the hf engine does
             log.warning("engine %s: request %r aborted: %s", self.name, req.request_id, exc)
             return GenResult(text="", finish_reason="abort", error=str(exc)[:300])
+        if req.sampling.seed is not None and not self.deterministic and not self._seeds_ignored_logged:
+            self._seeds_ignored_logged = True
+            log.info(
+                "engine %s: requests carry sampling seeds, which %s ignores (not deterministic: set "
+                "inference.sglang.deterministic to launch with --enable-deterministic-inference)",
+                self.name,
+                self.url,
+            )
         self._rid += 1
-        body = generate_body(req, prompt_ids, images, rid=f"{self.name}-{self._rid}-{req.request_id}"[:200])
+        body = generate_body(
+            req,
+            wire_ids(prompt_ids, self._renderer.image_token_id),
+            images,
+            rid=f"{self.name}-{self._rid}-{req.request_id}"[:200],
+            seeded=self.deterministic,
+        )
         assert self._slots is not None
         async with self._slots:
             status, raw = await self._post("/generate", body, self.request_timeout_s)
@@ -291,7 +333,7 @@ class SGLangEngine:
             return GenResult(text="", finish_reason="abort", error=f"{status} {message}"[:300])
         if status >= 400:
             raise EngineError(f"{self.url}/generate: {status} {error_message(raw)}", retryable=True)
-        return parse_generate(raw, prompt_ids, f"{self.url}/generate")
+        return parse_generate(raw, prompt_ids, f"{self.url}/generate", logprobs=req.return_logprobs)
 
     async def _post(self, path: str, body: Any, timeout_s: float) -> tuple[int, bytes]:
         if self._session is None:
@@ -334,11 +376,9 @@ class SGLangEngine:
 
         - `{"path": dir}`: `/update_weights_from_disk` (safetensors files in `dir`);
         - `{"broadcast": WeightGroupSpec dict (layout "sglang"), "rank": first rank, "buckets": [SGLangBucket
-          dicts]}`: join the group once, then receive each bucket while the learner sends it.
+          dicts]}`: join the group (once per group), then receive each bucket while the learner sends it.
 
         Afterwards the radix cache is flushed and the engine serves `version`."""
-        from guirl.learner.weights import SGLangBucket, WeightGroupSpec
-
         started = time.monotonic()
         timings: dict[str, float] = {}
         if "path" in spec:
@@ -346,47 +386,26 @@ class SGLangEngine:
             await self._control("/update_weights_from_disk", body, self.request_timeout_s)
             timings["receive"] = time.monotonic() - started
         elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
-            try:
-                group = WeightGroupSpec.from_dict(spec["broadcast"])
-                buckets = [SGLangBucket.from_dict(b) for b in spec.get("buckets") or []]
-            except ValueError as exc:
-                raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
-            if group.layout != "sglang":
-                raise EngineError(
-                    f"engine {self.name}: weight group layout {group.layout!r}, not 'sglang'", retryable=False
-                )
-            if not buckets:
-                raise EngineError(
-                    f"engine {self.name}: a broadcast update without a bucket plan", retryable=False
-                )
+            group, buckets = self._broadcast_plan(spec)
             joined = {"group": group.to_dict(), "rank": spec["rank"]}
             if self._group != joined:
-                if self._group is not None:
-                    await self._leave(self._group["group"]["group_name"])
-                body = {
-                    "master_address": group.host,
-                    "master_port": group.port,
-                    "rank_offset": spec["rank"],
-                    "world_size": group.world_size,
-                    "group_name": group.group_name,
-                    "backend": group.backend,
-                }
-                await self._control("/init_weights_update_group", body, group.timeout_s + 30)
+                await self._leave()
+                body = init_group_body(group, spec["rank"])
+                # a failed join may still have left the name in the server: destroyed before the next group
                 self._group = joined
+                try:
+                    await self._control("/init_weights_update_group", body, group.timeout_s + 30)
+                except EngineError:
+                    await self._leave()
+                    raise
             timings["join"] = time.monotonic() - started
             try:
-                for bucket in buckets:
-                    body = {
-                        **bucket.to_dict(),
-                        "group_name": group.group_name,
-                        "flush_cache": False,
-                        "weight_version": str(version),
-                    }
-                    if self.flattened:
-                        body["load_format"] = "flattened_bucket"
-                    await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
-            except EngineError:
-                self._group = None  # a half-received update leaves the group out of step: rejoin next time
+                async with self._update_session():
+                    for bucket in buckets:
+                        body = bucket_body(bucket, group.group_name, version, flattened=self.flattened)
+                        await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
+            except EngineError:  # a half-received update leaves the group out of step: a new one next time
+                await self._leave()
                 raise
             timings["receive"] = time.monotonic() - started - timings["join"]
         else:
@@ -395,38 +414,96 @@ class SGLangEngine:
                 "{'path': ...} or {'broadcast': ..., 'rank': ..., 'buckets': [...]}"
             )
         flushed = time.monotonic()
-        await self._control("/flush_cache", {}, CONTROL_TIMEOUT_S, json_reply=False)
+        await self.flush_cache()
         timings["flush"] = time.monotonic() - flushed
         self.last_update = {k: round(v, 4) for k, v in timings.items()}
         self.policy_version = version
 
-    async def _leave(self, group_name: str) -> None:
-        try:
-            await self._control(
-                "/destroy_weights_update_group", {"group_name": group_name}, CONTROL_TIMEOUT_S
-            )
-        except EngineError as exc:  # the old group is gone with its learner anyway
-            log.warning("engine %s: leaving weight group %r: %s", self.name, group_name, exc)
-        self._group = None
+    def _broadcast_plan(self, spec: dict[str, Any]) -> tuple[Any, list[Any]]:
+        from guirl.learner.weights import SGLangBucket, WeightGroupSpec
 
-    async def _control(
-        self, path: str, body: dict[str, Any], timeout_s: float, *, json_reply: bool = True
-    ) -> Any:
-        """A control call: 200 with `success` true (JSON routes), else a non-retryable `EngineError` with
-        the server's message (a weight update that failed once fails the same way on retry)."""
-        status, raw = await self._post(path, body, timeout_s)
+        try:
+            group = WeightGroupSpec.from_dict(spec["broadcast"])
+            buckets = [SGLangBucket.from_dict(b) for b in spec.get("buckets") or []]
+        except ValueError as exc:
+            raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
+        if group.layout != "sglang":
+            raise EngineError(
+                f"engine {self.name}: weight group layout {group.layout!r}, not 'sglang'", retryable=False
+            )
+        if not buckets:
+            raise EngineError(
+                f"engine {self.name}: a broadcast update without a bucket plan", retryable=False
+            )
+        return group, buckets
+
+    @contextlib.asynccontextmanager
+    async def _update_session(self) -> AsyncIterator[None]:
+        """SGLang's weight-update session around a distributed update, always ended (a session left open
+        makes the server refuse the next one). A session still open from an earlier broker (killed mid-update)
+        is ended first; a server without the routes (before 0.5.21) updates without one."""
+        if self._sessions:
+            status, doc = await self._control("/begin_weight_update", {}, CONTROL_TIMEOUT_S, check=False)
+            if status == 404:
+                self._sessions = False
+                log.info("engine %s: %s has no weight-update sessions (SGLang < 0.5.21)", self.name, self.url)
+            elif status == 400 and "already open" in str(doc.get("message", "")):
+                log.warning("engine %s: a weight-update session was left open: ending it", self.name)
+                await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
+                await self._control("/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+            else:
+                self._control_result("/begin_weight_update", status, doc)
+        if not self._sessions:
+            yield
+            return
+        try:
+            yield
+        finally:
+            await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
+
+    async def flush_cache(self) -> None:
+        """Flush the server's radix cache (KV computed with the weights it served before), waiting server side
+        up to `FLUSH_WAIT_S` for the requests still running (a health probe's) to end: SGLang refuses a flush
+        while any runs."""
+        status, raw = await self._post(f"/flush_cache?timeout={FLUSH_WAIT_S:g}", {}, FLUSH_WAIT_S + 30)
         if status != 200:
             raise EngineError(
-                f"engine {self.name}: {path}: {status} {error_message(raw)}", retryable=status >= 500
+                f"engine {self.name}: /flush_cache: {status} {error_message(raw)}", retryable=status >= 500
             )
-        if not json_reply:
-            return None
+
+    async def _leave(self) -> None:
+        """Destroy the weight group this engine is in (if any): SGLang keeps a group, and refuses its name,
+        until it is destroyed."""
+        if self._group is None:
+            return
+        name = self._group["group"]["group_name"]
+        self._group = None
+        try:
+            await self._control("/destroy_weights_update_group", {"group_name": name}, CONTROL_TIMEOUT_S)
+        except EngineError as exc:  # gone with its learner, or never formed
+            log.info("engine %s: leaving weight group %r: %s", self.name, name, exc)
+
+    async def _control(self, path: str, body: dict[str, Any], timeout_s: float, *, check: bool = True) -> Any:
+        """A control call of a JSON route. `check`: 200 with `success` true, else a non-retryable
+        `EngineError` with the server's message (a weight update that failed once fails the same way on
+        retry), and the reply is returned; otherwise `(status, reply as a dict)`."""
+        status, raw = await self._post(path, body, timeout_s)
         try:
             doc = msgspec.json.decode(raw)
         except (msgspec.DecodeError, RecursionError):
+            doc = None
+        if not check:
+            return status, doc if isinstance(doc, dict) else {"message": error_message(raw)}
+        return self._control_result(path, status, doc, raw)
+
+    def _control_result(self, path: str, status: int, doc: Any, raw: bytes = b"") -> Any:
+        if status != 200:
+            message = doc.get("message") if isinstance(doc, dict) else error_message(raw)
+            raise EngineError(f"engine {self.name}: {path}: {status} {message}", retryable=status >= 500)
+        if doc is None:
             raise EngineError(
                 f"engine {self.name}: {path}: reply is not JSON ({raw[:80]!r})", retryable=False
-            ) from None
+            )
         if not isinstance(doc, dict) or doc.get("success") is not True:
             message = doc.get("message") if isinstance(doc, dict) else doc
             raise EngineError(f"engine {self.name}: {path} failed: {str(message)[:300]}", retryable=False)
@@ -455,86 +532,6 @@ def _render(renderer: Any, req: GenRequest) -> tuple[list[int], list[bytes]]:
     rendered = renderer.render(req.messages, req.images)
     order = [p.index for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
     return list(rendered.input_ids), [req.images[i] for i in order]
-
-
-def generate_body(req: GenRequest, prompt_ids: list[int], images: list[bytes], *, rid: str) -> dict[str, Any]:
-    """SGLang's `/generate` request for one prompt."""
-    s = req.sampling
-    greedy = s.temperature <= 0
-    sampling: dict[str, Any] = {
-        "max_new_tokens": s.max_new_tokens,
-        "temperature": 0.0 if greedy else s.temperature,
-        "top_p": 1.0 if greedy else s.top_p,
-        "top_k": -1 if greedy or s.top_k <= 0 else s.top_k,
-        "ignore_eos": s.ignore_eos,
-        "skip_special_tokens": False,  # the text as the hf engine decodes it (tool-call tags and all)
-    }
-    if s.stop:
-        sampling["stop"] = list(s.stop)
-    if s.seed is not None and not greedy:
-        sampling["sampling_seed"] = int(s.seed)
-    body: dict[str, Any] = {
-        "rid": rid,
-        "input_ids": prompt_ids,
-        "sampling_params": sampling,
-        "return_logprob": req.return_logprobs,
-    }
-    if images:
-        body["image_data"] = [base64.b64encode(img).decode("ascii") for img in images]
-    return body
-
-
-def parse_generate(raw: bytes, prompt_ids: list[int], url: str) -> GenResult:
-    """SGLang's `/generate` reply -> `GenResult`; anything else is a retryable `EngineError` saying what."""
-
-    def bad(what: str) -> EngineError:
-        return EngineError(f"{url}: reply is not SGLang's generate output: {what}", retryable=True)
-
-    try:
-        doc = msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        raise bad(f"not JSON ({raw[:80]!r})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("meta_info"), dict):
-        raise bad("no meta_info object")
-    meta = doc["meta_info"]
-    text = doc.get("text")
-    if not isinstance(text, str):
-        raise bad("no text")
-    finish = meta.get("finish_reason")
-    kind = finish.get("type") if isinstance(finish, dict) else None
-    if kind not in _FINISH:
-        raise bad(f"finish_reason {finish!r}")
-    if kind == "abort":
-        message = finish.get("message") if isinstance(finish, dict) else None
-        return GenResult(text="", finish_reason="abort", error=str(message or "aborted by the server")[:300])
-    served = meta.get("prompt_tokens")
-    if served != len(prompt_ids):
-        raise EngineError(
-            f"{url}: the server counted {served!r} prompt tokens where guirl rendered {len(prompt_ids)}: its "
-            "image processing differs from the checkpoint's (the samples would not be the tokens it saw)",
-            retryable=False,
-        )
-    lps = meta.get("output_token_logprobs")
-    if not isinstance(lps, list) or not all(
-        isinstance(x, list | tuple) and len(x) >= 2 and isinstance(x[0], int | float) and type(x[1]) is int
-        for x in lps
-    ):
-        raise bad("output_token_logprobs is not a list of [logprob, token_id, ...]")
-    response_ids = [int(x[1]) for x in lps]
-    output_ids = doc.get("output_ids")
-    if output_ids is not None and (
-        not isinstance(output_ids, list) or output_ids[: len(response_ids)] != response_ids[: len(output_ids)]
-    ):
-        raise bad("output_ids disagree with output_token_logprobs")
-    if meta.get("completion_tokens", len(response_ids)) != len(response_ids):
-        raise bad(f"completion_tokens {meta.get('completion_tokens')!r} for {len(response_ids)} log-probs")
-    return GenResult(
-        text=text,
-        prompt_ids=list(prompt_ids),
-        response_ids=response_ids,
-        logprobs=[float(x[0]) for x in lps],
-        finish_reason=_FINISH[kind],
-    )
 
 
 def _stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

@@ -24,6 +24,7 @@ packing it would only add two copies (measured on gloo, 100 M parameters: packin
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -61,7 +62,9 @@ class WeightGroupSpec:
     world_size: int
     """1 learner (rank 0) + the number of engines (ranks 1..N)."""
     group_name: str = "guirl-weights"
-    """Key prefix in the store: two groups on one store do not mix."""
+    """Key prefix in the store: two groups on one store do not mix. An SGLang server keeps a group by this
+    name until it is destroyed and refuses to form another one by it, so each group gets its own
+    (`unique_group_name`)."""
     backend: Backend = "gloo"
     """`gloo` (CPU tensors; the only one tested here) or `nccl` (CUDA tensors)."""
     timeout_s: float = 120.0
@@ -98,6 +101,12 @@ class WeightGroupSpec:
     @property
     def where(self) -> str:
         return f"weight group {self.group_name!r} at {self.host}:{self.port}"
+
+
+def unique_group_name() -> str:
+    """A weight group name no other group of any run has (SGLang refuses a name it already holds, e.g. a
+    group whose broadcast failed and was not destroyed)."""
+    return f"guirl-weights-{secrets.token_hex(8)}"
 
 
 @dataclass
@@ -229,7 +238,8 @@ class _Group:
 def _timed_out(exc: RuntimeError) -> bool:
     """Torch reports a timeout, a lost peer and a taken port with the same few classes (RuntimeError,
     DistError); only the text tells a timeout, the one failure worth retrying, from the others."""
-    return "timed out" in str(exc).lower()
+    text = str(exc).lower()
+    return "timed out" in text or "wait timeout" in text  # a store wait says the latter
 
 
 def _nccl_group(store: Any, rank: int, size: int, timeout: timedelta) -> Any:

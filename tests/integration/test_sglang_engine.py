@@ -1,6 +1,8 @@
-"""The `sglang` engine against the SGLang stand-in (a real HTTP server on loopback, SGLang's routes and
-shapes, the tiny Qwen3-VL behind it): generation equal to the `hf` engine's, weight updates through
-SGLang's weight-group routes, a launched server killed and routed around, and broken replies."""
+"""The `sglang` engine against the SGLang stand-in (SGLang's own HTTP server process on loopback: its routes,
+request checks, multimodal processing and weight-update code, the tiny Qwen3-VL behind it): generation equal
+to the `hf` engine's, weight updates through SGLang's weight-group routes, a launched server killed and routed
+around, and broken replies. One stand-in serves the module (started once: SGLang's import takes seconds);
+each test leaves it as it found it (faults off, the checkpoint's weights)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never try the hub
 
 import asyncio
+import base64
 import signal
 import sys
 from pathlib import Path
@@ -20,8 +23,9 @@ from guirl.actors.broker import InferenceBroker, make_engines
 from guirl.config.schema import InferenceConfig, SGLangBackendConfig
 from guirl.inference.base import EngineDead, EngineError, GenRequest
 from guirl.inference.hf import HFEngine
+from guirl.inference.openai import error_message
 from guirl.inference.sglang import LaunchSpec, SGLangEngine
-from guirl.learner.weights import WeightGroupSpec, WeightSender, sglang_buckets
+from guirl.learner.weights import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
 from guirl.messages import PolicyChannel
 from guirl.messages.types import ChatMessage, PolicyRequest, SamplingParams, TextPart
 from guirl.model.tiny import ensure_tiny_checkpoint
@@ -30,12 +34,41 @@ from tests.helpers import client_actor, fast_config, run
 from tests.integration.test_hf_engine import png, screenshot_request
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
+TOOL = '{"type": "function", "function": {"name": "computer_use", "description": "A mouse."}}'
 STANDIN = [sys.executable, "-m", "guirl.testing.fakes", "sglang"]
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+
+
+@pytest.fixture(scope="module")
+def shared(ckpt: Path):
+    """A stand-in started as a deterministic server (seeds honoured), joining weight groups for 5 s at most
+    (SGLang's own wait is 30 minutes)."""
+    with FakeSGLangServer(
+        str(ckpt), args=["--enable-deterministic-inference", "--standin-group-timeout", "5"]
+    ) as server:
+        yield server
+
+
+@pytest.fixture
+def server(shared, ckpt: Path):
+    yield shared
+    shared.set_faults(healthy=True, generate_status=None, generate_raw=None, hang=False)
+    if shared.get_state()["weight_version"] not in (None, "0"):  # a test changed the weights: undo it
+
+        async def restore():
+            engine = SGLangEngine("restore", ckpt, url=shared.url, request_timeout_s=60)
+            await engine.start()
+            try:
+                await engine.update_weights(0, {"path": str(ckpt)})
+            finally:
+                await engine.close()
+
+        run(restore())
+        assert shared.get_state()["weight_version"] == "0"
 
 
 def _requests() -> list[GenRequest]:
@@ -52,6 +85,14 @@ def _requests() -> list[GenRequest]:
             sampling=SamplingParams(temperature=0.0, max_new_tokens=6),
             request_id="text-only",
         ),
+        GenRequest(  # a tool schema for the template's tools block (GUI-RL's prompt style)
+            messages=[
+                ChatMessage(role="system", parts=[TextPart("sys")], tools=[TOOL]),
+                ChatMessage(role="user", parts=[TextPart("use the tool")]),
+            ],
+            sampling=SamplingParams(temperature=0.0, max_new_tokens=6),
+            request_id="tools",
+        ),
     ]
 
 
@@ -59,7 +100,7 @@ async def _one_by_one(engine, requests):
     return [(await engine.generate([r]))[0] for r in requests]
 
 
-def test_generation_equals_the_hf_engine(ckpt: Path) -> None:
+def test_generation_equals_the_hf_engine(ckpt: Path, server) -> None:
     """Same weights, same requests (one at a time, so seeded samples are drawn alike): the same prompt ids,
     response ids, log-probs, finish reasons and text; the request on the wire is SGLang's."""
 
@@ -70,15 +111,14 @@ def test_generation_equals_the_hf_engine(ckpt: Path) -> None:
             want = await _one_by_one(hf, _requests())
         finally:
             await hf.close()
-        async with FakeSGLangServer(str(ckpt)) as server:
-            engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=60)
-            await engine.start()
-            try:
-                assert await engine.health()
-                got = await _one_by_one(engine, _requests())
-            finally:
-                await engine.close()
-            return want, got, server.requests
+        engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=60)
+        await engine.start()
+        try:
+            assert await engine.health() and engine.deterministic  # the server says so in /server_info
+            got = await _one_by_one(engine, _requests())
+        finally:
+            await engine.close()
+        return want, got, (await server.state())["requests"][-len(want) :]
 
     want, got, sent = run(scenario())
     for w, g in zip(want, got, strict=True):
@@ -89,11 +129,24 @@ def test_generation_equals_the_hf_engine(ckpt: Path) -> None:
         assert g.logprobs == pytest.approx(w.logprobs, abs=1e-5)
         assert g.engine == "sg" and g.policy_version == -1
     body = sent[1]
-    assert set(body) == {"rid", "input_ids", "sampling_params", "return_logprob", "image_data"}
+    assert set(body) == {
+        "rid",
+        "input_ids",
+        "sampling_params",
+        "return_logprob",
+        "return_prompt_token_ids",
+        "image_data",
+    }
     assert body["sampling_params"]["sampling_seed"] == 7 and body["sampling_params"]["top_k"] == -1
     assert body["return_logprob"] is True and len(body["image_data"]) == 1
+    assert body["image_data"][0].startswith("data:image/png;base64,")
+    pad = 915  # <|image_pad|> of the tiny tokenizer: one per image on the wire, expanded by SGLang
+    assert body["input_ids"].count(pad) == 1 and want[1].prompt_ids.count(pad) > 1
     assert "sampling_seed" not in sent[0]["sampling_params"]  # greedy: no seed
     assert "image_data" not in sent[2]
+    assert (
+        sent[3]["input_ids"] == want[3].prompt_ids and len(want[3].prompt_ids) > len(want[2].prompt_ids) + 20
+    )
 
 
 def _perturbed(ckpt: Path, seed: int) -> dict[str, torch.Tensor]:
@@ -110,7 +163,9 @@ def _perturbed(ckpt: Path, seed: int) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("load_format", ["flattened_bucket", "per_tensor"])
-def test_weight_updates_through_the_sglang_routes(ckpt: Path, tmp_path: Path, load_format: str) -> None:
+def test_weight_updates_through_the_sglang_routes(
+    ckpt: Path, tmp_path: Path, load_format: str, server
+) -> None:
     """The learner (rank 0) broadcasts in small buckets while the engine asks its server for each bucket:
     twice, through one group joined once. The server serves the new version, flushed its cache, and its
     log-probs equal those of an hf engine that loaded the same weights."""
@@ -121,40 +176,39 @@ def test_weight_updates_through_the_sglang_routes(ckpt: Path, tmp_path: Path, lo
 
     async def scenario():
         sender = WeightSender()
-        async with FakeSGLangServer(str(ckpt)) as server:
-            engine = SGLangEngine(
-                "sg", ckpt, url=server.url, request_timeout_s=60, weight_load_format=load_format
-            )
-            await engine.start()
-            before = (await engine.generate([request]))[0]
-            spec = WeightGroupSpec(
-                host="127.0.0.1", port=_port(), world_size=2, layout="sglang", timeout_s=30
-            )
-            flattened = load_format == "flattened_bucket"
-            results = {}
-            for version, state in states.items():
-                buckets = sglang_buckets(state, 64 << 10)  # small buckets: several requests per update
+        flushed = (await server.state())["flushes"]
+        engine = SGLangEngine(
+            "sg", ckpt, url=server.url, request_timeout_s=60, weight_load_format=load_format
+        )
+        await engine.start()
+        before = (await engine.generate([request]))[0]
+        spec = _group()
+        flattened = load_format == "flattened_bucket"
+        results = {}
+        for version, state in states.items():
+            buckets = sglang_buckets(state, 64 << 10)  # small buckets: several requests per update
 
-                def send(state=state, buckets=buckets) -> None:
-                    if not sender.is_open:
-                        sender.open(spec)
-                    for b in buckets:
-                        sender.send_sglang_bucket(state, b, flattened=flattened)
+            def send(state=state, buckets=buckets) -> None:
+                if not sender.is_open:
+                    sender.open(spec)
+                for b in buckets:
+                    sender.send_sglang_bucket(state, b, flattened=flattened)
 
-                learner = asyncio.create_task(asyncio.to_thread(send))
-                await engine.update_weights(
-                    version,
-                    {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]},
-                )
-                await learner
-                assert len(buckets) > 3
-                results[version] = (await engine.generate([request]))[0]
-                assert engine.policy_version == version and server.weight_version == str(version)
-                assert set(engine.last_update) == {"join", "receive", "flush"}
-            flushes = server.flushes
-            await engine.close()
-            await asyncio.to_thread(sender.close)
-            return before, results, flushes
+            learner = asyncio.create_task(asyncio.to_thread(send))
+            await engine.update_weights(
+                version,
+                {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]},
+            )
+            await learner
+            assert len(buckets) > 3
+            results[version] = (await engine.generate([request]))[0]
+            state = await server.state()
+            assert engine.policy_version == version and state["weight_version"] == str(version)
+            assert set(engine.last_update) == {"join", "receive", "flush"}
+        flushes = (await server.state())["flushes"] - flushed
+        await engine.close()
+        await asyncio.to_thread(sender.close)
+        return before, results, flushes
 
     before, results, flushes = run(scenario(), timeout=180)
     assert flushes == 2
@@ -180,85 +234,78 @@ def test_weight_updates_through_the_sglang_routes(ckpt: Path, tmp_path: Path, lo
         assert got.logprobs != pytest.approx(before.logprobs, abs=1e-3)  # the weights did change
 
 
-def test_update_from_disk_and_bad_weight_updates(ckpt: Path, tmp_path: Path) -> None:
+def test_update_from_disk_and_bad_weight_updates(ckpt: Path, tmp_path: Path, server) -> None:
     from safetensors.torch import save_file
 
     save_file(_perturbed(ckpt, 3), str(tmp_path / "model.safetensors"))
 
     async def scenario():
-        async with FakeSGLangServer(str(ckpt)) as server:
-            server.group_timeout_s = 2.0
-            engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=30)
-            await engine.start()
-            await engine.update_weights(5, {"path": str(tmp_path)})
-            assert engine.policy_version == 5 and server.weight_version == "5"
-            with pytest.raises(EngineError, match="update_weights_from_disk"):
-                await engine.update_weights(6, {"path": str(tmp_path / "nowhere")})
-            assert engine.policy_version == 5
-            spec = WeightGroupSpec(host="127.0.0.1", port=_port(), world_size=2, layout="sglang", timeout_s=2)
-            with pytest.raises(EngineError, match="init_weights_update_group"):  # no learner shows up
-                await engine.update_weights(
-                    6,
-                    {
-                        "broadcast": spec.to_dict(),
-                        "rank": 1,
-                        "buckets": [{"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}],
-                    },
-                )
-            with pytest.raises(EngineError, match="bucket"):
-                await engine.update_weights(
-                    6, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [{"names": "x"}]}
-                )
-            guirl = WeightGroupSpec(host="127.0.0.1", port=_port(), world_size=2, timeout_s=2)
-            with pytest.raises(EngineError, match="layout"):
-                await engine.update_weights(6, {"broadcast": guirl.to_dict(), "rank": 1, "buckets": []})
-            assert engine.policy_version == 5
-            await engine.close()
+        engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=30)
+        await engine.start()
+        await engine.update_weights(5, {"path": str(tmp_path)})
+        assert engine.policy_version == 5 and (await server.state())["weight_version"] == "5"
+        with pytest.raises(EngineError, match="update_weights_from_disk"):
+            await engine.update_weights(6, {"path": str(tmp_path / "nowhere")})
+        assert engine.policy_version == 5
+        spec = _group(timeout_s=2)
+        with pytest.raises(EngineError, match="init_weights_update_group"):  # no learner shows up
+            await engine.update_weights(
+                6,
+                {
+                    "broadcast": spec.to_dict(),
+                    "rank": 1,
+                    "buckets": [{"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}],
+                },
+            )
+        with pytest.raises(EngineError, match="bucket"):
+            await engine.update_weights(
+                6, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [{"names": "x"}]}
+            )
+        guirl = WeightGroupSpec(host="127.0.0.1", port=_port(), world_size=2, timeout_s=2)
+        with pytest.raises(EngineError, match="layout"):
+            await engine.update_weights(6, {"broadcast": guirl.to_dict(), "rank": 1, "buckets": []})
+        assert engine.policy_version == 5
+        await engine.close()
 
     run(scenario(), timeout=120)
 
 
-def test_malformed_and_failed_replies_are_clear_errors(ckpt: Path) -> None:
+def test_malformed_and_failed_replies_are_clear_errors(ckpt: Path, server) -> None:
     """Every broken reply ends in a clear error (or the request's own abort), never a hang."""
     request = screenshot_request("click", png(64, 64), GREEDY)
 
     async def scenario():
-        async with FakeSGLangServer(str(ckpt)) as server:
-            engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=3)
-            await engine.start()
-            server.generate_raw = b"<html>not json"
-            with pytest.raises(EngineError, match="not JSON") as e:
-                await engine.generate([request])
-            assert e.value.retryable
-            server.generate_raw = (
-                b'{"text": "x", "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3}}'
-            )
-            with pytest.raises(EngineError, match="prompt tokens") as e:
-                await engine.generate([request])
-            assert not e.value.retryable
-            server.generate_raw = b'{"text": "x", "meta_info": {"finish_reason": {"type": "weird"}}}'
-            with pytest.raises(EngineError, match="finish_reason"):
-                await engine.generate([request])
-            server.generate_raw = None
-            server.generate_status = 503
-            with pytest.raises(EngineError, match="503") as e:
-                await engine.generate([request])
-            assert e.value.retryable
-            server.generate_status = 400  # the request's fault: answered alone
-            (aborted,) = await engine.generate([request])
-            assert aborted.finish_reason == "abort" and "400" in aborted.error
-            server.generate_status = None
-            server.hang = True
-            with pytest.raises(EngineError, match="no answer within 3 s"):
-                await asyncio.wait_for(engine.generate([request]), 20)
-            server.hang = False
-            server.healthy = False
-            assert not await engine.health()
-            # a request that cannot be rendered is aborted alone, as by the hf engine
-            bad = GenRequest(prompt_ids=[10**9], sampling=GREEDY)
-            (res,) = await engine.generate([bad])
-            assert res.finish_reason == "abort" and "token id" in res.error
-            await engine.close()
+        engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=3)
+        await engine.start()
+        await server.faults(generate_raw=b"<html>not json")
+        with pytest.raises(EngineError, match="not JSON") as e:
+            await engine.generate([request])
+        assert e.value.retryable
+        miscounted = b'{"text": "x", "meta_info": {"finish_reason": {"type": "stop"}, "prompt_tokens": 3}}'
+        await server.faults(generate_raw=miscounted)
+        with pytest.raises(EngineError, match="not the one guirl rendered") as e:
+            await engine.generate([request])
+        assert not e.value.retryable
+        await server.faults(generate_raw=b'{"text": "x", "meta_info": {"finish_reason": {"type": "weird"}}}')
+        with pytest.raises(EngineError, match="finish_reason"):
+            await engine.generate([request])
+        await server.faults(generate_raw=None, generate_status=503)
+        with pytest.raises(EngineError, match="503") as e:
+            await engine.generate([request])
+        assert e.value.retryable
+        await server.faults(generate_status=400)  # the request's fault: answered alone
+        (aborted,) = await engine.generate([request])
+        assert aborted.finish_reason == "abort" and "400" in aborted.error
+        await server.faults(generate_status=None, hang=True)
+        with pytest.raises(EngineError, match="no answer within 3 s"):
+            await asyncio.wait_for(engine.generate([request]), 20)
+        await server.faults(hang=False, healthy=False)
+        assert not await engine.health()
+        # a request that cannot be rendered is aborted alone, as by the hf engine
+        bad = GenRequest(prompt_ids=[10**9], sampling=GREEDY)
+        (res,) = await engine.generate([bad])
+        assert res.finish_reason == "abort" and "token id" in res.error
+        await engine.close()
         gone = SGLangEngine(
             "gone", ckpt, url=f"http://127.0.0.1:{_port()}", request_timeout_s=3, start_timeout_s=1
         )
@@ -276,28 +323,49 @@ def test_malformed_and_failed_replies_are_clear_errors(ckpt: Path) -> None:
     run(scenario(), timeout=120)
 
 
-def test_the_stand_in_refuses_what_sglang_refuses(ckpt: Path) -> None:
+def test_the_stand_in_refuses_what_sglang_refuses(ckpt: Path, server) -> None:
+    """SGLang's own checks answer: the /generate contract (unknown sampling parameters, wrong types),
+    image strings that are not images, already-expanded pad runs (an error inside SGLang's processor:
+    500), a weight update outside a session, a flush while a request runs (without a timeout)."""
     import aiohttp
 
+    from guirl.inference.chat import ChatRenderer
+
+    renderer = ChatRenderer.load(ckpt)
+    req = screenshot_request("click", png(64, 64), GREEDY)
+    expanded = renderer.render(req.messages, req.images).input_ids
+    image = "data:image/png;base64," + base64.b64encode(png(64, 64)).decode()
+    jpeg = base64.b64encode(_jpeg(64, 64)).decode()
+    assert jpeg.startswith("/9j/")
+
     async def scenario():
-        async with FakeSGLangServer(str(ckpt)) as server, aiohttp.ClientSession() as s:
+        # a connection per request: the server drops one it answered with a 500
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as s:
             cases = [
                 {"input_ids": [1, 2], "sampling_params": {"temprature": 0.5}},
-                {"input_ids": [1, 2], "bogus": 1},
                 {"input_ids": "hello"},
-                {"input_ids": [1, 2], "image_data": ["%%%"]},
                 {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "ten"}},
             ]
             for body in cases:
                 async with s.post(f"{server.url}/generate", json=body) as r:
                     assert r.status == 400, body
-                    assert "message" in (await r.json())["error"]
+                    assert error_message(await r.read())  # the contract's words, which the client reports
             async with s.post(f"{server.url}/generate", data=b"{not json") as r:
-                assert r.status == 400
-            async with s.post(f"{server.url}/update_weights_from_distributed", json={"names": ["x"]}) as r:
-                assert r.status == 400 and (await r.json())["success"] is False
+                assert 400 <= r.status < 500
+            for body, status in [
+                ({"input_ids": expanded, "image_data": [image]}, 500),  # pads expanded twice: IndexError
+                ({"input_ids": [1, 2], "image_data": ["%%%"]}, 400),  # not base64
+                ({"input_ids": [1, 2], "image_data": [jpeg]}, 500),  # base64 JPEG read as a file path
+            ]:
+                async with s.post(f"{server.url}/generate", json=body) as r:
+                    assert r.status == status, (body["image_data"], r.status, await r.text())
+            bucket = {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "group_name": "none"}
+            async with s.post(f"{server.url}/update_weights_from_distributed", json=bucket) as r:
+                reply = await r.json()
+                assert r.status == 400 and reply["success"] is False
+                assert "between begin_weight_update() and end_weight_update()" in reply["message"]
 
-    run(scenario(), timeout=60)
+    run(scenario(), timeout=120)
 
 
 def test_launched_servers_killed_one_is_routed_around(ckpt: Path, tmp_path: Path) -> None:
@@ -311,7 +379,7 @@ def test_launched_servers_killed_one_is_routed_around(ckpt: Path, tmp_path: Path
         max_wait_ms=0.0,
         health_interval_s=0.2,
         request_timeout_s=30,
-        sglang=SGLangBackendConfig(server_command=STANDIN, start_timeout_s=120),
+        sglang=SGLangBackendConfig(server_command=STANDIN, start_timeout_s=300),
     )
     engines = make_engines(
         inference, ckpt=str(ckpt), screen=(0, 0), coordinates="relative", log_dir=str(tmp_path)
@@ -361,7 +429,7 @@ def test_a_server_that_dies_while_starting_fails_with_its_log(ckpt: Path, tmp_pa
         model_path=str(tmp_path / "no-such-model"),
         command=STANDIN,
         log_path=str(tmp_path / "sg.log"),
-        start_timeout_s=60,
+        start_timeout_s=240,
     )
     engine = SGLangEngine("sg", ckpt, launch=launch)
 
@@ -376,7 +444,29 @@ def test_a_server_that_dies_while_starting_fails_with_its_log(ckpt: Path, tmp_pa
     run(scenario(), timeout=120)
 
 
+def _jpeg(width: int, height: int) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.open(io.BytesIO(png(width, height))).convert("RGB").save(buf, "JPEG")
+    return buf.getvalue()
+
+
 def _port() -> int:
     from guirl.net import free_port
 
     return free_port()
+
+
+def _group(timeout_s: float = 30) -> WeightGroupSpec:
+    """A weight group of the learner and one engine, named as the learner names each group (uniquely)."""
+    return WeightGroupSpec(
+        host="127.0.0.1",
+        port=_port(),
+        world_size=2,
+        group_name=unique_group_name(),
+        layout="sglang",
+        timeout_s=timeout_s,
+    )
