@@ -8,6 +8,10 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export TORCH_SPEC
 PYTEST_ARGS ?=
+# The SGLang release whose own code tests/contract and the SGLang stand-in run (setup.cfg's `gpu` extra admits
+# the releases guirl was checked against); xgrammar at the version that release pins
+SGLANG_VERSION ?= 0.5.23
+XGRAMMAR_VERSION ?= 0.2.7
 
 .PHONY: demo demo-eval test setup setup-test bench lint clean
 
@@ -17,10 +21,15 @@ $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/sy
 	$(PY) -m pip install -q --disable-pip-version-check -e .
 	touch $@
 
-$(VENV)/.stamp-test: $(VENV)/.stamp-runtime scripts/test-system-packages.txt
+# Tests also run SGLang's own code (tests/contract, the SGLang stand-in): its wheel (Python, plus Rust
+# extensions it loads lazily) and xgrammar go in without their dependencies, which pin CUDA builds of torch,
+# triton and GPU kernels; then the light packages their modules import
+$(VENV)/.stamp-test: $(VENV)/.stamp-runtime scripts/test-system-packages.txt scripts/sglang-test-requirements.txt
 	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" scripts/test-system-packages.txt
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps desktop-env==1.0.2
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps sglang==$(SGLANG_VERSION) xgrammar==$(XGRAMMAR_VERSION)
+	$(PY) -m pip install -q --disable-pip-version-check -r scripts/sglang-test-requirements.txt
 	touch $@
 
 setup: $(VENV)/.stamp-runtime
