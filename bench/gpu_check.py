@@ -26,6 +26,11 @@ a machine without CUDA an error (exit 2) instead. A phase that fails is reported
 others still run (exit 1). Progress goes to stderr; the last line on stdout is one JSON object.
 
     python bench/gpu_check.py [--smoke] [--require-gpu] [--steps N] [--workdir DIR]
+
+It runs from a checkout (it puts the checkout first on sys.path) on a machine with torch and transformers
+(5.x; 5.17 checked) and no network, no SGLang, no torchvision: beyond those it needs only two small wheels,
+`msgspec` and `pillow` (`pip install --no-index msgspec-*.whl pillow-*.whl`); aiohttp, msgpack and uvloop
+are not needed (checked in a venv of torch, transformers 5.17, msgspec and pillow alone).
 """
 
 from __future__ import annotations

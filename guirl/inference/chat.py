@@ -79,7 +79,18 @@ class ChatRenderer:
             from transformers import AutoImageProcessor, AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(ckpt_dir), local_files_only=True)
-            image_processor = AutoImageProcessor.from_pretrained(str(ckpt_dir), local_files_only=True)
+            try:
+                image_processor = AutoImageProcessor.from_pretrained(str(ckpt_dir), local_files_only=True)
+            except ImportError:
+                # transformers before 5.2x insists on torchvision for AutoImageProcessor (a GPU box may have
+                # torch and transformers only); Qwen2/2.5/3-VL's PIL processor reads the same config
+                from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+                    Qwen2VLImageProcessorPil,
+                )
+
+                image_processor = Qwen2VLImageProcessorPil.from_pretrained(
+                    str(ckpt_dir), local_files_only=True
+                )
         return cls(tokenizer, image_processor)
 
     def template_text(self, messages: list[ChatMessage]) -> str:

@@ -73,8 +73,11 @@ def token_logprobs(
     mask = batch.response_mask
     # labels[:, t] = input_ids[:, t + 1]; the last column is never in the mask, so its filler is unused.
     labels = torch.roll(batch.input_ids, shifts=-1, dims=1)[mask]  # (N,)
-    # A boolean logits_to_keep gives the logits of the true positions only, flattened to (N, V).
-    logits = model(**batch.model_inputs(), logits_to_keep=mask, use_cache=False).logits
+    # Logits only at the positions some row scores (a 1-D index tensor, which every transformers 5.x takes;
+    # a boolean mask only the newer ones): (B, K, V), then the true positions of each row, flattened to
+    # (N, V) in the same row-major order as the labels.
+    keep = mask.any(dim=0).nonzero().squeeze(-1)
+    logits = model(**batch.model_inputs(), logits_to_keep=keep, use_cache=False).logits[mask[:, keep]]
     chosen_parts, entropy_parts = [], []
     for lo in range(0, labels.shape[0], chunk_size):
         z = logits[lo : lo + chunk_size].float()

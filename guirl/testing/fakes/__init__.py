@@ -10,13 +10,13 @@ Fakes here:
 
 - `FakeOpenAIServer`: an OpenAI-compatible endpoint (`GET /v1/models`, `POST /v1/chat/completions`)
   that validates requests as a real server does, records them, and answers through a responder.
-- `FakeSGLangServer`: SGLang's native HTTP API (`/generate` with `input_ids` + `image_data`,
-  `/health_generate`, `/server_info`, `/init_weights_update_group`, `/update_weights_from_distributed`,
-  `/update_weights_from_disk`, `/flush_cache`, `/pause_generation`, `/continue_generation`) with SGLang's
-  request and reply shapes, backed by the `hf` engine (a real model, real log-probs) and joining the
-  learner's weight group over gloo with SGLang's store keys. Run in-process, or as a process with
-  SGLang's launch flags: `python -m guirl.testing.fakes sglang --model-path DIR --port N ...` (the
-  `sglang` backend's launch path, with `inference.sglang.server_command`).
+- `FakeSGLangServer`: SGLang's own HTTP server process (its FastAPI app, `TokenizerManager` with Qwen3-VL's
+  multimodal processing, its scheduler-side weight-update manager and flush handling), with guirl's stand-in
+  only for what needs a GPU: the scheduler's model execution (the tiny Qwen3-VL on the `hf` engine, fed
+  SGLang's ids and pixel values, or a latency model for benchmarks). It refuses what SGLang refuses because
+  SGLang's code decides. Needs SGLang's wheel (`make setup-test`); run in-process as a handle on a child
+  process, or as a process with SGLang's launch flags: `python -m guirl.testing.fakes sglang --model-path
+  DIR --port N ...` (the `sglang` backend's launch path, with `inference.sglang.server_command`).
 - `FakeAliyunECS`: Alibaba Cloud's ECS OpenAPI (2014-05-26) as `alibabacloud_ecs20140526` speaks it
   (`docs/cloud/aliyun-ecs.md`): ACS3-HMAC-SHA256 (and RPC v1) signatures verified, dispatch on
   `x-acs-action`, instances with their lifecycles, tags, private IPs, ClientToken idempotency,
