@@ -491,8 +491,17 @@ class InferenceBroker(Actor):
             self.counters["batches"] += 1
             self.counters["batched_requests"] += len(batch)
         for p, result in zip(batch, results, strict=True):
-            self.counters[f"finish.{result.finish_reason}"] += 1
-            self._answer(p, _response(result, started - p.enqueued))
+            try:
+                reply: Message = _response(result, started - p.enqueued)
+            except (OverflowError, TypeError, ValueError) as exc:  # an engine's result no reply can carry
+                self.counters["requests.failed"] += 1
+                log.warning("engine %s: a result for %s cannot be sent: %r", slot.engine.name, p.msg_id, exc)
+                reply = ErrorReply(
+                    code="handler", message=f"engine {slot.engine.name}: bad result: {exc}"[:300]
+                )
+            else:
+                self.counters[f"finish.{result.finish_reason}"] += 1
+            self._answer(p, reply)
 
     def _answer(self, p: Pending, msg: Message) -> None:
         """Send a request its one answer and stop counting its bytes."""
@@ -541,6 +550,8 @@ class InferenceBroker(Actor):
         while True:
             await asyncio.sleep(self.cfg.health_interval_s)
             for slot in queue.slots:
+                if slot.draining:  # mid-update: SGLang answers no probe while its weights change (it holds
+                    continue  # the writer lock); the update itself says whether the engine came through
                 try:
                     ok = await asyncio.wait_for(slot.engine.health(), HEALTH_TIMEOUT_S)
                 except Exception:
@@ -562,10 +573,11 @@ class InferenceBroker(Actor):
 
     async def _update_weights(self, msg: WeightsPublished) -> None:
         """Updates take turns; see `_update_drained`."""
+        arrived = time.monotonic()
         async with self._updating:
-            await self._update_drained(msg)
+            await self._update_drained(msg, arrived)
 
-    async def _update_drained(self, msg: WeightsPublished) -> None:
+    async def _update_drained(self, msg: WeightsPublished, arrived: float) -> None:
         """Every healthy policy engine takes the new weights with nothing in flight (`_drained`): from a path,
         or by joining the learner's weight group (rank 1.. in engine order), all at once, since a broadcast
         completes only when every member has joined. The learner sized the group by `weights.live_ranks`; if
@@ -599,6 +611,15 @@ class InferenceBroker(Actor):
         for slot in slots[:-1]:
             offsets.append(offsets[-1] + weight_ranks(slot.engine))
         async with self._drained(queue, slots):
+            waited = time.monotonic() - arrived
+            timeout = float(msg.weight_group.get("timeout_s", 0) or 0) if msg.weight_group else 0.0
+            if timeout and waited >= timeout - 1.0:
+                # the learner stopped waiting for the engines to join: joining now would leave each engine
+                # waiting for a learner that is gone (SGLang gives a group 30 minutes)
+                raise EngineError(
+                    f"draining the engines took {waited:.0f} s, past the weight group's {timeout:g} s: the "
+                    "learner has given up on this group (it loads this version from disk instead)"
+                )
             # every engine's update runs to its end before any takes requests again (one failing must not
             # let requests reach another mid-update)
             results = await asyncio.gather(

@@ -13,12 +13,13 @@ Weights (`update_weights`): from the learner's weight group, `POST /init_weights
 (rank offset: this engine's first rank in the group; a server with tensor parallelism takes `tp_size`
 ranks; the group it was in before is destroyed first: SGLang refuses a group name it already holds), then,
 inside a weight-update session (`POST /begin_weight_update` ... `POST /end_weight_update`, always ended;
-SGLang 0.5.21+ refuses a distributed update outside one, an older server answers the session routes 404 and
-goes without), one `POST /update_weights_from_distributed` per bucket of the learner's plan (names, dtypes,
+SGLang 0.5.21+ refuses a distributed update outside one, and an older server, without the routes, is
+refused here), one `POST /update_weights_from_distributed` per bucket of the learner's plan (names, dtypes,
 shapes; `load_format="flattened_bucket"` or one collective per tensor) while the learner broadcasts that
 bucket, then `POST /flush_cache?timeout=...` (the radix cache holds KV of the old weights; SGLang refuses a
-flush while any request runs, and waits for idle up to the timeout). From disk: `POST
-/update_weights_from_disk`. The broker drains the engine first, so generation is never paused mid-request.
+flush while any request runs, and waits for idle up to the timeout; until a flush succeeds the engine
+serves nothing). From disk: `POST /update_weights_from_disk`. The broker drains the engine first, so
+generation is never paused mid-request.
 
 Seeds: `sampling_seed` is honoured only by a server started with `--enable-deterministic-inference`
 (`inference.sglang.deterministic` launches with it; an attached server says in `/server_info`); to any other
@@ -29,9 +30,7 @@ SGLang sends is a retryable `EngineError` (another engine may serve); a 4xx to a
 request's fault and answers it alone with `finish_reason="abort"`. Every call has a timeout and every body
 read is capped: a broken or hostile server cannot hang or flood the broker.
 
-Launch: `python -m sglang.launch_server --model-path ... --tp-size N --port P --mem-fraction-static F`
-(plus `--context-length`, `--enable-deterministic-inference`, extra flags) with `CUDA_VISIBLE_DEVICES` set to
-the engine's GPUs, in its own process group, logging to `<run_dir>/logs/<engine>.log`; ready when
+Launch: `guirl.inference.sglang_launch` (the command line, the environment, the log, stopping it); ready when
 `/health_generate` answers 200; a server that exits or does not get ready in time fails the start with its
 log's tail.
 """
@@ -42,14 +41,10 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +53,16 @@ import msgspec
 
 from guirl.inference.base import EngineDead, EngineError, GenRequest, GenResult, gather_requests, stamp
 from guirl.inference.openai import error_message, read_capped
-from guirl.inference.sglang_api import bucket_body, generate_body, init_group_body, parse_generate, wire_ids
-from guirl.messages.types import ImagePart
-from guirl.net import free_port
+from guirl.inference.sglang_api import (
+    bucket_body,
+    generate_body,
+    init_group_body,
+    load_renderer,
+    parse_generate,
+    render_request,
+    wire_ids,
+)
+from guirl.inference.sglang_launch import LaunchSpec, log_tail, spawn_server, stop_server
 
 log = logging.getLogger(__name__)
 
@@ -70,40 +72,14 @@ HEALTH_TIMEOUT_S = 20.0
 """Most seconds a health probe waits (SGLang's `/health_generate` runs a one-token generation)."""
 CONTROL_TIMEOUT_S = 60.0
 """Most seconds a control call (flush, pause, server info) waits."""
+CLEANUP_TIMEOUT_S = 10.0
+"""Most seconds the clean-up after a failed update waits (ending its session, leaving its group)."""
 FLUSH_WAIT_S = 30.0
 """Most seconds SGLang may wait for its running requests (a health probe's) to end before flushing."""
-
-
-@dataclass
-class LaunchSpec:
-    """How to start one SGLang server process."""
-
-    model_path: str
-    gpus: list[str] = field(default_factory=list)
-    """CUDA_VISIBLE_DEVICES of the server (empty: inherit)."""
-    tp_size: int = 1
-    host: str = "127.0.0.1"
-    port: int = 0
-    """0: a free port."""
-    mem_fraction_static: float = 0.8
-    context_length: int = 0
-    deterministic: bool = False
-    """`--enable-deterministic-inference`: the server honours `sampling_seed`."""
-    command: list[str] = field(default_factory=list)
-    """The command before SGLang's flags (empty: `python -m sglang.launch_server`)."""
-    extra_args: list[str] = field(default_factory=list)
-    log_path: str = ""
-    start_timeout_s: float = 1200.0
-
-    def argv(self, port: int) -> list[str]:
-        cmd = list(self.command) or [sys.executable, "-m", "sglang.launch_server"]
-        cmd += ["--model-path", self.model_path, "--host", self.host, "--port", str(port)]
-        cmd += ["--tp-size", str(self.tp_size), "--mem-fraction-static", f"{self.mem_fraction_static:g}"]
-        if self.context_length:
-            cmd += ["--context-length", str(self.context_length)]
-        if self.deterministic:
-            cmd += ["--enable-deterministic-inference"]
-        return cmd + list(self.extra_args)
+KEEPALIVE_S = 4.0
+"""Most seconds an idle connection is reused: under the server's keep-alive (SGLang's uvicorn closes idle ones
+after `SGLANG_TIMEOUT_KEEP_ALIVE`, 5 s), so a request is never written into a connection the server is
+closing (aiohttp's 15 s default did: "Can not write request body", taken for a dead server)."""
 
 
 class SGLangEngine:
@@ -154,7 +130,7 @@ class SGLangEngine:
         self._renderer: Any = None
         self._executor: ThreadPoolExecutor | None = None
         self._group: dict[str, Any] | None = None  # the weight group joined (its spec), and our rank in it
-        self._sessions = True  # the server has the weight-update session routes (SGLang 0.5.21+)
+        self._stale_cache = False  # weights changed, cache not flushed yet: serves nothing until it is
         self._seeds_ignored_logged = False
         self._rid = 0
 
@@ -176,12 +152,13 @@ class SGLangEngine:
     async def start(self) -> None:
         """Load the renderer, launch the server (or find the attached one) and wait until it serves."""
         try:
-            self._renderer = await self._in_worker(_load_renderer, self.ckpt_dir)
+            self._renderer = await self._in_worker(load_renderer, self.ckpt_dir)
         except (OSError, ValueError) as exc:
             raise EngineError(
                 f"engine {self.name}: cannot load the tokenizer of {self.ckpt_dir}: {exc}", retryable=False
             ) from exc
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_concurrency + 4))
+        connector = aiohttp.TCPConnector(limit=self.max_concurrency + 4, keepalive_timeout=KEEPALIVE_S)
+        self._session = aiohttp.ClientSession(connector=connector)
         self._slots = asyncio.Semaphore(self.max_concurrency)
         if self.launch is not None:
             self._spawn()
@@ -207,27 +184,8 @@ class SGLangEngine:
             self.deterministic = served
 
     def _spawn(self) -> None:
-        spec = self.launch
-        assert spec is not None
-        port = spec.port or free_port(spec.host)
-        self.url = f"http://{spec.host}:{port}"
-        env = dict(os.environ)
-        if spec.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(spec.gpus)
-        if spec.log_path:
-            Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
-            self._log_file = open(spec.log_path, "ab")  # noqa: SIM115 - the server writes it until closed
-        out = self._log_file if self._log_file is not None else subprocess.DEVNULL
-        argv = spec.argv(port)
-        log.info("engine %s: launching %s", self.name, " ".join(argv))
-        self._proc = subprocess.Popen(  # noqa: S603 - the configured launch command, not model output
-            argv,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        assert self.launch is not None
+        self._proc, self.url, self._log_file = spawn_server(self.launch, self.name)
 
     async def _wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -249,19 +207,20 @@ class SGLangEngine:
             await asyncio.sleep(delay)  # a readiness poll's backoff, not synchronisation
             delay = min(delay * 2, 1.0)
 
-    def _log_tail(self, lines: int = 20) -> str:
-        path = self.launch.log_path if self.launch is not None else ""
-        if not path or not os.path.exists(path):
-            return ""
-        with open(path, "rb") as f:
-            f.seek(max(0, os.path.getsize(path) - 8192))
-            tail = f.read().decode("utf-8", "replace").splitlines()[-lines:]
-        return f"; the end of {path}:\n" + "\n".join(tail)
+    def _log_tail(self) -> str:
+        return log_tail(self.launch.log_path if self.launch is not None else "")
 
     async def health(self) -> bool:
-        """True when `/health_generate` answers 200 (and a launched server's process is alive)."""
+        """True when `/health_generate` answers 200 (and a launched server's process is alive), and no flush
+        is owed since a weight update (one is tried here)."""
         if self._session is None or (self._proc is not None and self._proc.poll() is not None):
             return False
+        if self._stale_cache:
+            try:
+                await self.flush_cache()
+            except EngineError as exc:
+                log.warning("engine %s: still not flushed since its weight update: %s", self.name, exc)
+                return False
         try:
             timeout = aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
             async with self._session.get(f"{self.url}/health_generate", timeout=timeout) as resp:
@@ -279,7 +238,7 @@ class SGLangEngine:
             await self._session.close()
             self._session = None
         if self._proc is not None:
-            await asyncio.get_running_loop().run_in_executor(None, _stop_process, self._proc)
+            await asyncio.get_running_loop().run_in_executor(None, stop_server, self._proc)
             self._proc = None
         if self._log_file is not None:
             self._log_file.close()
@@ -303,8 +262,14 @@ class SGLangEngine:
         return stamp(await gather_requests(self._one(req) for req in batch), self, started)
 
     async def _one(self, req: GenRequest) -> GenResult:
+        if (
+            self._stale_cache
+        ):  # a prefix hit would reuse KV the old weights computed: elsewhere, until flushed
+            raise EngineError(
+                f"engine {self.name}: its cache is not flushed since a weight update", retryable=True
+            )
         try:
-            prompt_ids, images = await self._in_worker(_render, self._renderer, req)
+            prompt_ids, images = await self._in_worker(render_request, self._renderer, req)
         except ValueError as exc:  # the request itself is bad: answered alone, as the hf engine does
             log.warning("engine %s: request %r aborted: %s", self.name, req.request_id, exc)
             return GenResult(text="", finish_reason="abort", error=str(exc)[:300])
@@ -396,7 +361,7 @@ class SGLangEngine:
                 try:
                     await self._control("/init_weights_update_group", body, group.timeout_s + 30)
                 except EngineError:
-                    await self._leave()
+                    await self._leave(CLEANUP_TIMEOUT_S)
                     raise
             timings["join"] = time.monotonic() - started
             try:
@@ -405,7 +370,7 @@ class SGLangEngine:
                         body = bucket_body(bucket, group.group_name, version, flattened=self.flattened)
                         await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
             except EngineError:  # a half-received update leaves the group out of step: a new one next time
-                await self._leave()
+                await self._leave(CLEANUP_TIMEOUT_S)
                 raise
             timings["receive"] = time.monotonic() - started - timings["join"]
         else:
@@ -413,11 +378,12 @@ class SGLangEngine:
                 f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
                 "{'path': ...} or {'broadcast': ..., 'rank': ..., 'buckets': [...]}"
             )
+        self.policy_version = version  # the server holds these weights now, flushed or not
         flushed = time.monotonic()
+        self._stale_cache = True  # until a flush succeeds: the radix cache holds KV of the old weights
         await self.flush_cache()
         timings["flush"] = time.monotonic() - flushed
         self.last_update = {k: round(v, 4) for k, v in timings.items()}
-        self.policy_version = version
 
     def _broadcast_plan(self, spec: dict[str, Any]) -> tuple[Any, list[Any]]:
         from guirl.learner.weights import SGLangBucket, WeightGroupSpec
@@ -441,25 +407,32 @@ class SGLangEngine:
     async def _update_session(self) -> AsyncIterator[None]:
         """SGLang's weight-update session around a distributed update, always ended (a session left open
         makes the server refuse the next one). A session still open from an earlier broker (killed mid-update)
-        is ended first; a server without the routes (before 0.5.21) updates without one."""
-        if self._sessions:
-            status, doc = await self._control("/begin_weight_update", {}, CONTROL_TIMEOUT_S, check=False)
-            if status == 404:
-                self._sessions = False
-                log.info("engine %s: %s has no weight-update sessions (SGLang < 0.5.21)", self.name, self.url)
-            elif status == 400 and "already open" in str(doc.get("message", "")):
-                log.warning("engine %s: a weight-update session was left open: ending it", self.name)
-                await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
-                await self._control("/begin_weight_update", {}, CONTROL_TIMEOUT_S)
-            else:
-                self._control_result("/begin_weight_update", status, doc)
-        if not self._sessions:
-            yield
-            return
+        is ended first. A server without the routes is older than the releases guirl supports (0.5.21 added
+        them; setup.cfg's `gpu` extra): a clear error, not an update attempted outside a session."""
+        status, doc = await self._control("/begin_weight_update", {}, CONTROL_TIMEOUT_S, check=False)
+        if status == 404:
+            raise EngineError(
+                f"engine {self.name}: {self.url} has no /begin_weight_update: an SGLang older than 0.5.21, "
+                "which guirl does not support (pip install .[gpu] takes the release it was checked against)",
+                retryable=False,
+            )
+        if status == 400 and "already open" in str(doc.get("message", "")):
+            log.warning("engine %s: a weight-update session was left open: ending it", self.name)
+            await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
+            await self._control("/begin_weight_update", {}, CONTROL_TIMEOUT_S)
+        else:
+            self._control_result("/begin_weight_update", status, doc)
         try:
             yield
-        finally:
-            await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
+        except BaseException:
+            # the update failed or was cancelled: end the session, but briefly (a server still blocked in the
+            # broadcast answers nothing) and never in place of why the update ended
+            try:
+                await self._control("/end_weight_update", {}, CLEANUP_TIMEOUT_S)
+            except EngineError as exc:
+                log.warning("engine %s: ending the weight-update session: %s", self.name, exc)
+            raise
+        await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
 
     async def flush_cache(self) -> None:
         """Flush the server's radix cache (KV computed with the weights it served before), waiting server side
@@ -470,8 +443,9 @@ class SGLangEngine:
             raise EngineError(
                 f"engine {self.name}: /flush_cache: {status} {error_message(raw)}", retryable=status >= 500
             )
+        self._stale_cache = False
 
-    async def _leave(self) -> None:
+    async def _leave(self, timeout_s: float = CONTROL_TIMEOUT_S) -> None:
         """Destroy the weight group this engine is in (if any): SGLang keeps a group, and refuses its name,
         until it is destroyed."""
         if self._group is None:
@@ -479,7 +453,7 @@ class SGLangEngine:
         name = self._group["group"]["group_name"]
         self._group = None
         try:
-            await self._control("/destroy_weights_update_group", {"group_name": name}, CONTROL_TIMEOUT_S)
+            await self._control("/destroy_weights_update_group", {"group_name": name}, timeout_s)
         except EngineError as exc:  # gone with its learner, or never formed
             log.info("engine %s: leaving weight group %r: %s", self.name, name, exc)
 
@@ -508,45 +482,3 @@ class SGLangEngine:
             message = doc.get("message") if isinstance(doc, dict) else doc
             raise EngineError(f"engine {self.name}: {path} failed: {str(message)[:300]}", retryable=False)
         return doc
-
-
-# -- request and reply ----------------------------------------------------------------------------------
-
-
-def _load_renderer(ckpt_dir: Path) -> Any:
-    from guirl.inference.chat import ChatRenderer
-
-    return ChatRenderer.load(ckpt_dir)
-
-
-def _render(renderer: Any, req: GenRequest) -> tuple[list[int], list[bytes]]:
-    """The exact prompt ids (image pads expanded) and the images in prompt order; ValueError when the
-    request cannot be served (the hf engine's checks)."""
-    if req.prompt_ids is not None:
-        vocab = len(renderer.tokenizer)
-        bad = next((t for t in req.prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt_ids hold {bad!r}, not a token id of this model (0..{vocab - 1})")
-        rendered = renderer.render_ids(list(req.prompt_ids), req.images)
-        return list(rendered.input_ids), list(req.images)
-    rendered = renderer.render(req.messages, req.images)
-    order = [p.index for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
-    return list(rendered.input_ids), [req.images[i] for i in order]
-
-
-def _stop_process(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM the server's process group, SIGKILL it after `grace_s`."""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # TP workers left in the group after the leader exited
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass

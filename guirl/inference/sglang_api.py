@@ -18,12 +18,15 @@ Checked against SGLang's own code (tests/contract, on the release pinned in setu
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from guirl.inference.base import EngineError, FinishReason, GenRequest, GenResult
 from guirl.inference.openai import data_url
+from guirl.messages.types import ImagePart
 
 FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -55,7 +58,7 @@ def generate_body(
     if s.stop:
         sampling["stop"] = list(s.stop)
     if seeded and s.seed is not None and not greedy:
-        sampling["sampling_seed"] = int(s.seed)
+        sampling["sampling_seed"] = int(s.seed) & (2**63 - 1)  # SGLang takes a signed 64-bit seed
     body: dict[str, Any] = {
         "rid": rid,
         "input_ids": prompt_ids,
@@ -121,22 +124,16 @@ def parse_generate(raw: bytes, prompt_ids: list[int], url: str, *, logprobs: boo
         return GenResult(text="", finish_reason="abort", error=str(message or "aborted by the server")[:300])
     _check_prompt(doc, meta, prompt_ids, url)
     output_ids = doc.get("output_ids")
-    if output_ids is not None and (
-        not isinstance(output_ids, list) or not all(type(t) is int for t in output_ids)
-    ):
+    if output_ids is not None and not _token_ids(output_ids):
         raise bad("output_ids is not a list of token ids")
     lps = meta.get("output_token_logprobs")
     if logprobs or lps is not None:
         if not isinstance(lps, list) or not all(
-            isinstance(x, list | tuple)
-            and len(x) >= 2
-            and isinstance(x[0], int | float)
-            and type(x[1]) is int
-            for x in lps
+            isinstance(x, list | tuple) and len(x) >= 2 and _logprob(x[0]) and _token_id(x[1]) for x in lps
         ):
-            raise bad("output_token_logprobs is not a list of [logprob, token_id, ...]")
-        response_ids = [int(x[1]) for x in lps]
-        if output_ids is not None and output_ids[: len(response_ids)] != response_ids[: len(output_ids)]:
+            raise bad("output_token_logprobs is not a list of [logprob <= 0, token id, ...]")
+        response_ids = [x[1] for x in lps]
+        if output_ids is not None and output_ids != response_ids:
             raise bad("output_ids disagree with output_token_logprobs")
         values: list[float] | None = [float(x[0]) for x in lps]
     elif output_ids is None:
@@ -154,12 +151,26 @@ def parse_generate(raw: bytes, prompt_ids: list[int], url: str, *, logprobs: boo
     )
 
 
+def _token_id(t: Any) -> bool:
+    """A token id as a reply may carry one: an int that fits the int32 a `PolicyResponse` holds."""
+    return type(t) is int and 0 <= t < 2**31
+
+
+def _token_ids(ids: Any) -> bool:
+    return isinstance(ids, list) and all(_token_id(t) for t in ids)
+
+
+def _logprob(x: Any) -> bool:
+    """A log-probability: a finite number, not above 0 (but for rounding)."""
+    return type(x) in (int, float) and math.isfinite(x) and x <= 1e-4
+
+
 def _check_prompt(doc: dict[str, Any], meta: dict[str, Any], prompt_ids: list[int], url: str) -> None:
     """The server's prompt must be guirl's: the same ids (when it echoes them), else as many."""
     echoed = doc.get("prompt_token_ids")
     if echoed is not None:
-        if not isinstance(echoed, list):
-            raise EngineError(f"{url}: reply's prompt_token_ids is not a list", retryable=True)
+        if not _token_ids(echoed):
+            raise EngineError(f"{url}: reply's prompt_token_ids is not a list of token ids", retryable=True)
         if echoed == prompt_ids:
             return
         first = next(
@@ -176,3 +187,25 @@ def _check_prompt(doc: dict[str, Any], meta: dict[str, Any], prompt_ids: list[in
         "image processing differs from the checkpoint's (the samples would not be the tokens it saw)",
         retryable=False,
     )
+
+
+def load_renderer(ckpt_dir: Path) -> Any:
+    """The checkpoint's `ChatRenderer` (its tokenizer and image processor)."""
+    from guirl.inference.chat import ChatRenderer
+
+    return ChatRenderer.load(ckpt_dir)
+
+
+def render_request(renderer: Any, req: GenRequest) -> tuple[list[int], list[bytes]]:
+    """The exact prompt ids (image pads expanded) and the images in prompt order; ValueError when the
+    request cannot be served (the hf engine's checks)."""
+    if req.prompt_ids is not None:
+        vocab = len(renderer.tokenizer)
+        bad = next((t for t in req.prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt_ids hold {bad!r}, not a token id of this model (0..{vocab - 1})")
+        rendered = renderer.render_ids(list(req.prompt_ids), req.images)
+        return list(rendered.input_ids), list(req.images)
+    rendered = renderer.render(req.messages, req.images)
+    order = [p.index for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
+    return list(rendered.input_ids), [req.images[i] for i in order]

@@ -26,6 +26,18 @@ from guirl.learner.samples import Batch
 __all__ = ["token_logprobs"]
 
 
+def _takes_boolean_keep() -> bool:
+    """Whether this transformers slices `logits_to_keep` given as a (B, T) boolean mask (5.2x+; older ones
+    take an int or a 1-D index only, whose positions are the union over the batch: up to B times the logits'
+    memory when rows' responses sit at different positions)."""
+    import transformers.modeling_utils as modeling_utils
+
+    return hasattr(modeling_utils, "slice_logits_to_keep")
+
+
+_BOOLEAN_KEEP = _takes_boolean_keep()
+
+
 @overload
 def token_logprobs(
     model: Any,
@@ -73,11 +85,11 @@ def token_logprobs(
     mask = batch.response_mask
     # labels[:, t] = input_ids[:, t + 1]; the last column is never in the mask, so its filler is unused.
     labels = torch.roll(batch.input_ids, shifts=-1, dims=1)[mask]  # (N,)
-    # Logits only at the positions some row scores (a 1-D index tensor, which every transformers 5.x takes;
-    # a boolean mask only the newer ones): (B, K, V), then the true positions of each row, flattened to
-    # (N, V) in the same row-major order as the labels.
-    keep = mask.any(dim=0).nonzero().squeeze(-1)
-    logits = model(**batch.model_inputs(), logits_to_keep=keep, use_cache=False).logits[mask[:, keep]]
+    if _BOOLEAN_KEEP:  # logits of the true positions only, flattened to (N, V) in the labels' order
+        logits = model(**batch.model_inputs(), logits_to_keep=mask, use_cache=False).logits
+    else:  # an older transformers: a 1-D index of the positions any row scores, (B, K, V), then each row's
+        keep = mask.any(dim=0).nonzero().squeeze(-1)
+        logits = model(**batch.model_inputs(), logits_to_keep=keep, use_cache=False).logits[mask[:, keep]]
     chosen_parts, entropy_parts = [], []
     for lo in range(0, labels.shape[0], chunk_size):
         z = logits[lo : lo + chunk_size].float()

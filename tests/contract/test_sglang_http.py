@@ -100,16 +100,45 @@ async def _served(engine: SGLangEngine, req: GenRequest):
 
 
 def test_1_screenshots_are_expanded_by_sglang_as_guirl_expands_them(ckpt: Path, url: str) -> None:
-    """One and two screenshots (1280x800-like and a small one): SGLang's processor expands each single pad
-    from the image grid; the ids it echoes equal guirl's expanded ids, which the learner trains on."""
-    from guirl.inference.chat import ChatRenderer
+    """One and two screenshots (a 1280x800 desktop; two of other sizes), sent as guirl's engine sends them
+    (one pad per image): the ids SGLang's processor expands them to, which it echoes, equal guirl's
+    expanded ids, which the learner trains on; the engine's round trip accepts them."""
+    import json
+    import urllib.request
 
-    renderer = ChatRenderer.load(ckpt)
-    for req in (_request(png(320, 200)), _request(png(640, 400, seed=2), png(96, 64, seed=5))):
+    from guirl.actors.demo import synthetic_screen
+    from guirl.inference.sglang_api import generate_body, load_renderer, render_request, wire_ids
+
+    renderer = load_renderer(ckpt)
+    desktop = synthetic_screen(1280, 800, 3)  # a desktop-like screenshot, resized by the image processor
+    for req in (_request(desktop), _request(png(640, 400, seed=2), png(96, 64, seed=5))):
+        expanded, images = render_request(renderer, req)
+        sent = wire_ids(expanded, renderer.image_token_id)
+        assert (
+            sent.count(renderer.image_token_id) == len(req.images) < expanded.count(renderer.image_token_id)
+        )
+        body = json.dumps(generate_body(req, sent, images, rid=f"t1-{len(images)}")).encode()
+        http = urllib.request.Request(
+            f"{url}/generate", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(http, timeout=60) as resp:  # noqa: S310 - the stand-in on loopback
+            reply = json.loads(resp.read())
+        assert reply["prompt_token_ids"] == expanded  # SGLang's expansion, echoed
+        assert reply["meta_info"]["prompt_tokens"] == len(expanded)
         result = run(_served(_engine(ckpt, url), req))
         assert result.finish_reason != "abort", result.error
-        assert result.prompt_ids == renderer.render(req.messages, req.images).input_ids
-        assert result.prompt_ids.count(renderer.image_token_id) > len(req.images)
+        assert result.prompt_ids == expanded
+
+
+def test_guirl_launches_sglang_without_its_vision_embedding_cache(url: str) -> None:
+    """SGLang 0.5.23 keeps vision-tower outputs per image hash across weight updates (its cache is never
+    cleared, not even by /flush_cache), while guirl trains the vision tower: the server guirl launched reads
+    a cache size of 0 from its environment, as SGLang's own settings parse it."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/_standin/state", timeout=30) as resp:  # noqa: S310 - loopback
+        assert json.loads(resp.read())["vlm_cache_mb"] == 0
 
 
 def test_4_a_judge_request_asks_no_logprobs_and_its_reply_is_accepted(ckpt: Path, url: str) -> None:

@@ -203,6 +203,24 @@ def test_learner_logprobs_equal_engine_behaviour_logprobs(
         assert min(row_diffs(token_logprobs(model, off_batch), off_batch)) > 1e-2
 
 
+def test_the_older_transformers_path_scores_the_same(
+    ckpt: Path, renderer: ChatRenderer, engine_samples: tuple[list[TrainSample], list[float]], monkeypatch
+) -> None:
+    """Where transformers takes no boolean `logits_to_keep` (before 5.2x: a GPU box's), the log-probs come
+    from the logits at the union of the rows' response positions: the same values, row by row."""
+    import guirl.learner.logprobs as lp
+
+    batch = collate(engine_samples[0], renderer, renderer.tokenizer.pad_token_id)
+    model = load_model(ckpt)
+    with torch.no_grad():
+        monkeypatch.setattr(lp, "_BOOLEAN_KEEP", True)
+        masked = lp.token_logprobs(model, batch)
+        monkeypatch.setattr(lp, "_BOOLEAN_KEEP", False)
+        indexed = lp.token_logprobs(model, batch)
+    assert lp._takes_boolean_keep()  # this machine's transformers has the newer path
+    assert torch.allclose(masked, indexed, atol=1e-5) and masked[batch.response_mask].abs().sum() > 0
+
+
 def score(model: torch.nn.Module, batch: Batch, temps: list[float]) -> torch.Tensor:
     """The learner's log-probs, each row at its own sampling temperature."""
     out = torch.zeros_like(batch.behaviour_logprobs)

@@ -20,6 +20,7 @@ unmodified. What it does with them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from array import array
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +50,7 @@ class Scheduler:
         self.pull = get_zmq_socket(self.context, zmq.PULL, port_args.scheduler_input_ipc_name, False)
         self.push = get_zmq_socket(self.context, zmq.PUSH, port_args.tokenizer_ipc_name, False)
         self.inflight: dict[str, asyncio.Task] = {}
+        self.aborted: set[str] = set()
         self.released = asyncio.Event()
         """Cleared: generation requests are taken and held unanswered (a wedged GPU) until it is set again."""
         self.released.set()
@@ -72,6 +74,10 @@ class Scheduler:
         while True:
             obj = await recv(self.pull)
             match obj:
+                case io.TokenizedGenerateReqInput() if _health_check(obj) and self.inflight:
+                    # as SGLang's scheduler: a busy server answers a health check by its progress instead
+                    # of generating for it (one signal once its running requests make a step)
+                    self._spawn(self._health_signal(obj))
                 case io.TokenizedGenerateReqInput():
                     self._start(obj)
                 case io.BatchTokenizedGenerateReqInput():
@@ -83,6 +89,8 @@ class Scheduler:
                     out = self.flush_gate.handle(obj)
                     if out is not None:
                         await self._send(out)
+                    else:  # deferred: checked every scheduler loop (as SGLang does) until idle or due
+                        self._spawn(self._pending_flush())
                 case io.UpdateWeightFromDiskReqInput():
                     self._spawn(self._update_from_disk(obj))
                 case io.GetInternalStateReq():
@@ -127,20 +135,40 @@ class Scheduler:
         for rid in rids:
             task = self.inflight.get(rid)
             if task is not None:
+                self.aborted.add(rid)
                 task.cancel()
 
     async def _generate(self, obj: Any) -> None:
-        await self.released.wait()
         ids = list(obj.input_ids)
         try:
+            await self.released.wait()
             seed = obj.sampling_params.sampling_seed if self.deterministic else None
             result = await self.backend.generate(
                 ids, obj.mm_inputs, obj.sampling_params, obj.return_logprob, seed
             )
+        except asyncio.CancelledError:
+            if obj.rid in self.aborted:  # the scheduler ends an aborted request with an abort finish
+                self.aborted.discard(obj.rid)
+                with contextlib.suppress(Exception):
+                    await self._send(self._batch_output(obj, ids, _aborted("aborted")))
+            raise
         except Exception as exc:  # the model failed: the request ends as the scheduler aborts one
             log.warning("scheduler stand-in: generation of %s failed: %r", obj.rid, exc)
             result = _aborted(str(exc))
-        await self._send(self._batch_output(obj, ids, result))
+        try:
+            await self._send(self._batch_output(obj, ids, result))
+        except Exception:  # never a request left hanging silently: say why, and end it as aborted
+            log.exception("scheduler stand-in: the answer to %s could not be sent", obj.rid)
+            await self._send(self._batch_output(obj, ids, _aborted("the stand-in could not answer")))
+
+    async def _health_signal(self, obj: Any) -> None:
+        await self.released.wait()  # a wedged scheduler signals nothing
+        await self._send(self.io.HealthCheckOutput(http_worker_ipc=getattr(obj, "http_worker_ipc", None)))
+
+    async def _pending_flush(self) -> None:
+        while self.flush_gate._pending is not None:
+            await asyncio.sleep(0.05)  # the scheduler's loop period, simulated
+            self.flush_gate.check_pending()
 
     def _batch_output(self, obj: Any, ids: list[int], r: Any) -> Any:
         """What the detokenizer sends the tokenizer manager for one finished request."""
@@ -252,6 +280,13 @@ class Generated:
         self.finish_reason, self.matched, self.error = finish_reason, matched, error
 
 
+def _health_check(obj: Any) -> bool:
+    """SGLang's own test of a health-check generation (its rid prefix)."""
+    from sglang.srt.managers.utils import is_health_check_generate_req
+
+    return is_health_check_generate_req(obj)
+
+
 def _aborted(message: str) -> Generated:
     return Generated("", [], None, "abort", error=message[:300])
 
@@ -264,12 +299,13 @@ class ModelBackend:
 
         self.engine = HFEngine("standin", model_path, max_batch=max_batch)
         self._queue: asyncio.Queue | None = None
+        self._batcher: asyncio.Task | None = None
         self.max_batch = max_batch
 
     async def start(self) -> None:
         await self.engine.start()
         self._queue = asyncio.Queue()
-        asyncio.get_running_loop().create_task(self._batches())
+        self._batcher = asyncio.get_running_loop().create_task(self._batches(), name="standin-batches")
 
     def image_tokens(self, ids: list[int]) -> int:
         pad = self.engine.renderer.image_token_id
@@ -337,6 +373,8 @@ class ModelBackend:
         await self.engine.update_weights(self.engine.policy_version, {"path": path})
 
     async def close(self) -> None:
+        if self._batcher is not None:
+            self._batcher.cancel()
         await self.engine.close()
 
 
