@@ -7,17 +7,16 @@ pipe, so the parent never sleeps to wait for it.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import logging
 import os
-import signal
 import sys
 from typing import Any
 
 import msgspec
 
 from guirl.config import GuirlConfig
+from guirl.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +72,6 @@ def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
     return cls(
         spec.name, runtime=cfg.runtime, codec=cfg.codec, bind=spec.bind, recorder=recorder, **spec.options
     )
-
-
-try:  # resolved at import: a forked child of a threaded process (a preexec_fn) must not dlopen
-    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
-except (OSError, AttributeError):
-    _PRCTL = None
-
-
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """Ask Linux to send us `sig` when our parent dies (even by SIGKILL): no orphaned actors, ranks or
-    ssh/srun clients."""
-    if _PRCTL is not None:
-        _PRCTL(1, sig)  # PR_SET_PDEATHSIG
 
 
 def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid: int) -> None:

@@ -34,8 +34,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from guirl.actors.process import die_with_parent
 from guirl.cluster.spec import Host
+from guirl.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 _spawn = mp.get_context("spawn")

@@ -3,9 +3,11 @@
 The command is `python -m sglang.launch_server --model-path ... --tp-size N --port P --mem-fraction-static F`
 (plus `--context-length`, `--enable-deterministic-inference`, extra flags), run in its own process group
 (TP workers included) with `CUDA_VISIBLE_DEVICES` set to the engine's GPUs, output appended to the engine's
-log. The environment also turns off SGLang's vision-embedding cache (`SGLANG_VLM_CACHE_SIZE_MB=0`, unless
-set): SGLang keeps the vision tower's outputs per image hash across weight updates (0.5.23 never clears
-that cache, not even on `/flush_cache`), and guirl trains the vision tower, so a screenshot seen before an
+log, and a parent-death signal: a broker that dies, even by SIGKILL, takes its servers with it.
+
+The environment also turns off SGLang's vision-embedding cache (`SGLANG_VLM_CACHE_SIZE_MB=0`, unless set):
+SGLang keeps the vision tower's outputs per image hash across weight updates (0.5.23 never clears that
+cache, not even on `/flush_cache`), and guirl trains the vision tower, so a screenshot seen before an
 update would reuse features of the old weights.
 """
 
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from guirl.net import free_port
+from guirl.proc import die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,8 @@ def spawn_server(spec: LaunchSpec, name: str) -> tuple[subprocess.Popen, str, An
         stdout=log_file if log_file is not None else subprocess.DEVNULL,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
-        start_new_session=True,
+        start_new_session=True,  # its own process group: stopped whole, TP workers included
+        preexec_fn=die_with_parent,  # and SIGTERMed when the broker dies, even by SIGKILL: no GPUs held
     )
     host = f"[{spec.host}]" if ":" in spec.host else spec.host
     return proc, f"http://{host}:{port}", log_file

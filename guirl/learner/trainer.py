@@ -567,8 +567,8 @@ def _lifeline() -> None:
 
 def main() -> None:
     """A follower rank: build the trainer from the options in the environment and follow rank 0."""
-    from guirl.actors.process import die_with_parent
     from guirl.log import setup_logging
+    from guirl.proc import die_with_parent
 
     parent = int(os.environ.get("GUIRL_PARENT_PID", "0"))
     if parent:

@@ -59,3 +59,44 @@ def test_actors_exit_when_their_supervisor_is_killed(tmp_path):
         for a in actors:
             if a.is_running():
                 a.kill()
+
+
+LAUNCHER = textwrap.dedent(
+    """
+    import json, sys, time
+    from guirl.inference.sglang_launch import LaunchSpec, spawn_server
+
+    # an inference server as the sglang engine launches one (the command does not matter here: a sleeper)
+    spec = LaunchSpec(model_path="m", command=[sys.executable, "-c", "import time; time.sleep(600)"])
+    proc, url, _ = spawn_server(spec, "sglang0")
+    print(json.dumps(proc.pid), flush=True)
+    time.sleep(600)  # until killed
+    """
+)
+
+
+def test_launched_inference_servers_exit_when_their_broker_is_killed(tmp_path):
+    """A launched SGLang server holds GPUs: it must not outlive a broker SIGKILLed (own process group, so
+    the group kill of a clean stop does not reach it; the parent-death signal does)."""
+    script = tmp_path / "launcher.py"
+    script.write_text(LAUNCHER)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    server = None
+    try:
+        server = psutil.Process(json.loads(proc.stdout.readline()))
+        assert server.is_running() and os.getpgid(server.pid) != os.getpgid(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        _, alive = psutil.wait_procs([server], timeout=30)
+        assert alive == [], f"orphaned server: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if server is not None and server.is_running():
+            server.kill()
