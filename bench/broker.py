@@ -9,6 +9,11 @@ the decode steps. So the gain grows with the response length; on a GPU prefill b
 table per length, the on/off ratios, and one line of JSON.
 
     python bench/broker.py [--quick]
+
+`--sglang`: another benchmark, the broker's barrier vs streaming dispatch against SGLang stand-ins that batch
+continuously (`bench/broker_sglang.py`, whose docstring says what it measures):
+
+    python bench/broker.py --sglang [--quick] [--standins N] [--rounds R] [--concurrency 8,32,64]
 """
 
 from __future__ import annotations
@@ -140,9 +145,20 @@ async def run(quick: bool) -> dict:
 
 
 def main() -> None:
+    from bench import broker_sglang
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (a smoke run)")
+    parser.add_argument(
+        "--sglang",
+        action="store_true",
+        help="barrier vs streaming on SGLang stand-ins (bench/broker_sglang.py)",
+    )
+    broker_sglang.add_arguments(parser.add_argument_group("--sglang mode"))
     args = parser.parse_args()
+    if args.sglang:
+        broker_sglang.main(args)
+        return
     result = uvloop.run(run(args.quick))
     head = ("concurrent", "off req/s", "on req/s", "off tok/s", "on tok/s")
     for n in LENGTHS:

@@ -28,18 +28,22 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 STANDIN_USAGE = """\
 usage: python -m guirl.testing.fakes sglang --model-path DIR [--host H] [--port N] [SGLang launch flags]
            [--standin-backend model|timing] [--standin-max-batch N] [--standin-group-timeout S]
-           [--standin-timing JSON]
+           [--standin-timing JSON] [--standin-keep-requests N]
 
 SGLang's own HTTP server (FastAPI app, TokenizerManager, weight-update manager) in front of a CPU stand-in
 for its scheduler. SGLang's launch flags are parsed by SGLang's parser (`python -m sglang.launch_server`'s).
@@ -50,6 +54,8 @@ Stand-in options:
   --standin-group-timeout S       how long joining a weight group waits for the learner (SGLang passes no
                                   timeout: torch's 30 minutes)
   --standin-timing JSON           the latency model's settings (see sglang_timing.TimingModel)
+  --standin-keep-requests N       keep the last N /generate bodies for /_standin/state (default: all;
+                                  a benchmark keeps none)
 """
 
 
@@ -110,7 +116,8 @@ async def serve(argv: list[str]) -> None:
         )
     )
     tm.server_status = m.tokenizer_manager.ServerStatus.Up
-    faults = _Faults(scheduler, sglang.version)
+    keep = own.get("--standin-keep-requests")
+    faults = _Faults(scheduler, sglang.version, keep_requests=int(keep) if keep else None)
     # /server_info as SGLang builds it, reporting the deterministic flag the stand-in honours (the CPU's own
     # server args cannot carry it: no CPU attention backend is deterministic in SGLang's sense)
     faults.server_info = {
@@ -129,15 +136,27 @@ async def serve(argv: list[str]) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
     tasks = [asyncio.create_task(scheduler.run()), asyncio.create_task(server.serve(sockets=[sock]))]
+
+    def scheduler_ended(task: asyncio.Task) -> None:  # a dead scheduler would leave every request hanging
+        if not task.cancelled():
+            log.error("the scheduler stand-in stopped: %r: stopping the server", task.exception())
+            server.should_exit = True
+
+    tasks[0].add_done_callback(scheduler_ended)
     while not server.started and not tasks[1].done():
         await asyncio.sleep(0.01)  # uvicorn has no started event; polled until it listens
-    host = f"[{flags.host}]" if ":" in flags.host else flags.host
-    print(
-        f"sglang stand-in serving {server_args.model_path} at http://{host}:{port} (SGLang {sglang.version})",
-        flush=True,
-    )
     try:
+        if not server.started:
+            raise RuntimeError("uvicorn stopped before it listened")
+        host = f"[{flags.host}]" if ":" in flags.host else flags.host
+        print(
+            f"sglang stand-in serving {server_args.model_path} at http://{host}:{port} "
+            f"(SGLang {sglang.version})",
+            flush=True,
+        )
         await tasks[1]
+        if tasks[0].done() and not tasks[0].cancelled():
+            raise RuntimeError("the scheduler stand-in stopped") from tasks[0].exception()
     finally:
         tasks[0].cancel()
         scheduler.close()
@@ -152,15 +171,19 @@ class _Faults:
     """The stand-in's switches and records, on routes of its own (`/_standin/...`) and a middleware in front
     of SGLang's routes: `healthy` (False: `/health*` answer 503), `generate_status` (answer `/generate` with
     this status and SGLang's error body), `generate_raw` (answer with these bytes), `hang` (the scheduler
-    takes generation requests and holds them unanswered until `hang` is switched off again)."""
+    takes generation requests and holds them unanswered until `hang` is switched off again). Records: the
+    `/generate` bodies (the last `keep_requests`; None: all), and per `/generate` answered its `served` entry:
+    rid, sampling seed and the seconds from its arrival to its reply's end (the server's own latency)."""
 
-    def __init__(self, scheduler: Any, version: str) -> None:
+    def __init__(self, scheduler: Any, version: str, keep_requests: int | None = None) -> None:
         self.scheduler = scheduler
         self.version = version
+        self.keep_requests = keep_requests
         self.healthy = True
         self.generate_status: int | None = None
         self.generate_raw: bytes | None = None
         self.requests: list[Any] = []
+        self.served: list[dict[str, Any]] = []
         self.server_info: dict[str, Any] = {}
 
     def install(self, app: Any) -> Any:
@@ -178,6 +201,10 @@ class _Faults:
                     "groups_joined": s.groups_joined,
                     "inflight": len(s.inflight),
                     "flush_pending": s.flush_gate._pending is not None,
+                    # the vision-embedding cache size SGLang's scheduler would take from this environment
+                    "vlm_cache_mb": _vlm_cache_mb(),
+                    "served": self.served,
+                    "backend": s.backend.stats() if hasattr(s.backend, "stats") else {},
                 }
             )
 
@@ -217,6 +244,7 @@ class _Switched:
             return await _reply(send, 200, json.dumps(f.server_info, default=str).encode())
         if path != "/generate":
             return await self.app(scope, receive, send)
+        arrived = time.monotonic()
         chunks, more = [], True
         while more:
             message = await receive()
@@ -226,9 +254,13 @@ class _Switched:
             more = message.get("more_body", False)
         body = b"".join(chunks)
         try:
-            f.requests.append(json.loads(body))
+            doc = json.loads(body)
         except ValueError:
-            f.requests.append(None)
+            doc = None
+        if f.keep_requests is None or f.keep_requests > 0:
+            f.requests.append(doc)
+            if f.keep_requests is not None:
+                del f.requests[: -f.keep_requests]
         if f.generate_status is not None:
             error = json.dumps({"error": {"message": "injected failure"}}).encode()
             return await _reply(send, f.generate_status, error)
@@ -244,6 +276,21 @@ class _Switched:
             return await receive()
 
         await self.app(scope, replay, send)
+        one = doc if isinstance(doc, dict) else {}
+        sampling = one.get("sampling_params")
+        f.served.append(
+            {
+                "rid": one.get("rid"),
+                "seed": sampling.get("sampling_seed") if isinstance(sampling, dict) else None,
+                "latency_s": round(time.monotonic() - arrived, 6),
+            }
+        )
+
+
+def _vlm_cache_mb() -> int:
+    from sglang.srt.environ import envs
+
+    return int(envs.SGLANG_VLM_CACHE_SIZE_MB.get())
 
 
 async def _reply(send: Any, status: int, body: bytes) -> None:
@@ -256,7 +303,9 @@ class FakeSGLangServer:
     """A stand-in process for a test, usable from any event loop (or none): `with FakeSGLangServer(path) as
     server:` or `async with ...`; `server.url`. Faults: `server.set_faults(healthy=False | generate_status=503
     | generate_raw=b"..." | hang=True)`; records: `server.get_state()` (`requests`: the `/generate` bodies,
-    `flushes`, `weight_version`, ...); `await server.faults(...)` / `await server.state()` off the loop."""
+    `flushes`, `weight_version`, `served`: per answered request its rid, seed and server-side seconds,
+    `backend`: the timing backend's stats, ...); `await server.faults(...)` / `await server.state()` off
+    the loop."""
 
     def __init__(
         self,
@@ -368,6 +417,11 @@ def _sglang_main(argv: list[str]) -> int:
         print(STANDIN_USAGE, end="")
         return 0 if argv else 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    _, flags = _split_args(argv)
+    path = flags[flags.index("--model-path") + 1] if "--model-path" in flags[:-1] else ""
+    if not os.path.isdir(path):  # said before SGLang's import (seconds); the stand-in serves local models
+        print(f"the SGLang stand-in cannot start: --model-path {path!r} is not a directory", file=sys.stderr)
+        return 2
     from guirl.testing.sglang_upstream import Unavailable
 
     try:
