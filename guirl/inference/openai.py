@@ -81,8 +81,8 @@ class OpenAIEngine:
             # room beside `max_concurrency` completions for the health probe: the broker keeps that many in
             # flight, and a probe queued behind them for a connection would time out and take the engine out
             self._session = aiohttp.ClientSession(
-                # idle connections reused for less than uvicorn's 5 s keep-alive (vLLM's and SGLang's servers):
-                # a request written into one the server is closing fails as if the server were gone
+                # idle connections reused for less than uvicorn's 5 s keep-alive (vLLM's, SGLang's servers): a
+                # request written into one the server is closing fails as if the server were gone
                 connector=aiohttp.TCPConnector(limit=self.max_concurrency + 2, keepalive_timeout=4.0),
                 headers=headers,
             )

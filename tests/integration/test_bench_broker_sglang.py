@@ -1,5 +1,5 @@
-"""`bench/broker.py --sglang` runs small (one SGLang stand-in with the timing backend, 2 and 4
-concurrent requests, one round of short windows, a fast latency model) so that it cannot rot: it exits 0 and its JSON
+"""`bench/broker.py --sglang` runs small (one SGLang stand-in with the timing backend, 2 and 4 concurrent
+requests, one round of short windows, a fast latency model) so that it cannot rot: it exits 0 and its JSON
 line reports every point of both modes, with the engine's latency matched to the clients' requests. No
 speed is asserted."""
 
