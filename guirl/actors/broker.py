@@ -556,6 +556,8 @@ class InferenceBroker(Actor):
                     ok = await asyncio.wait_for(slot.engine.health(), HEALTH_TIMEOUT_S)
                 except Exception:
                     ok = False
+                if slot.draining:  # an update began while it was probed: its verdict is the update's
+                    continue
                 if ok and not slot.healthy:
                     slot.failures = 0  # a fresh start: it is judged by what it does from now on
                 if ok != slot.healthy:
@@ -613,7 +615,7 @@ class InferenceBroker(Actor):
         async with self._drained(queue, slots):
             waited = time.monotonic() - arrived
             timeout = float(msg.weight_group.get("timeout_s", 0) or 0) if msg.weight_group else 0.0
-            if timeout and waited >= timeout - 1.0:
+            if timeout and waited >= timeout - max(15.0, 0.25 * timeout):  # joining takes time too
                 # the learner stopped waiting for the engines to join: joining now would leave each engine
                 # waiting for a learner that is gone (SGLang gives a group 30 minutes)
                 raise EngineError(

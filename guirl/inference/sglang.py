@@ -58,6 +58,7 @@ from guirl.inference.sglang_api import (
     generate_body,
     init_group_body,
     load_renderer,
+    model_vocab,
     parse_generate,
     render_request,
     wire_ids,
@@ -131,6 +132,7 @@ class SGLangEngine:
         self._executor: ThreadPoolExecutor | None = None
         self._group: dict[str, Any] | None = None  # the weight group joined (its spec), and our rank in it
         self._stale_cache = False  # weights changed, cache not flushed yet: serves nothing until it is
+        self._vocab = 2**31
         self._seeds_ignored_logged = False
         self._rid = 0
 
@@ -153,6 +155,7 @@ class SGLangEngine:
         """Load the renderer, launch the server (or find the attached one) and wait until it serves."""
         try:
             self._renderer = await self._in_worker(load_renderer, self.ckpt_dir)
+            self._vocab = model_vocab(self.ckpt_dir)
         except (OSError, ValueError) as exc:
             raise EngineError(
                 f"engine {self.name}: cannot load the tokenizer of {self.ckpt_dir}: {exc}", retryable=False
@@ -217,7 +220,7 @@ class SGLangEngine:
             return False
         if self._stale_cache:
             try:
-                await self.flush_cache()
+                await self.flush_cache(wait_s=5.0)  # within the broker's patience for a probe
             except EngineError as exc:
                 log.warning("engine %s: still not flushed since its weight update: %s", self.name, exc)
                 return False
@@ -298,7 +301,9 @@ class SGLangEngine:
             return GenResult(text="", finish_reason="abort", error=f"{status} {message}"[:300])
         if status >= 400:
             raise EngineError(f"{self.url}/generate: {status} {error_message(raw)}", retryable=True)
-        return parse_generate(raw, prompt_ids, f"{self.url}/generate", logprobs=req.return_logprobs)
+        return parse_generate(
+            raw, prompt_ids, f"{self.url}/generate", logprobs=req.return_logprobs, vocab=self._vocab
+        )
 
     async def _post(self, path: str, body: Any, timeout_s: float) -> tuple[int, bytes]:
         if self._session is None:
@@ -434,11 +439,11 @@ class SGLangEngine:
             raise
         await self._control("/end_weight_update", {}, CONTROL_TIMEOUT_S)
 
-    async def flush_cache(self) -> None:
+    async def flush_cache(self, wait_s: float = FLUSH_WAIT_S) -> None:
         """Flush the server's radix cache (KV computed with the weights it served before), waiting server side
-        up to `FLUSH_WAIT_S` for the requests still running (a health probe's) to end: SGLang refuses a flush
-        while any runs."""
-        status, raw = await self._post(f"/flush_cache?timeout={FLUSH_WAIT_S:g}", {}, FLUSH_WAIT_S + 30)
+        up to `wait_s` for the requests still running (a health probe's) to end: SGLang refuses a flush while
+        any runs."""
+        status, raw = await self._post(f"/flush_cache?timeout={wait_s:g}", {}, wait_s + 30)
         if status != 200:
             raise EngineError(
                 f"engine {self.name}: /flush_cache: {status} {error_message(raw)}", retryable=status >= 500

@@ -98,9 +98,12 @@ def bucket_body(bucket: Any, group_name: str, version: int, *, flattened: bool) 
     return body
 
 
-def parse_generate(raw: bytes, prompt_ids: list[int], url: str, *, logprobs: bool = True) -> GenResult:
+def parse_generate(
+    raw: bytes, prompt_ids: list[int], url: str, *, logprobs: bool = True, vocab: int = 2**31
+) -> GenResult:
     """SGLang's `/generate` reply -> `GenResult` (`prompt_ids`: guirl's expanded ids; `logprobs`: they were
-    asked for); anything else is a retryable `EngineError` saying what."""
+    asked for; `vocab`: the model's vocabulary size, which every response id must be under: one beyond it
+    would fail the learner's embedding lookup); anything else is a retryable `EngineError` saying what."""
 
     def bad(what: str) -> EngineError:
         return EngineError(f"{url}: reply is not SGLang's generate output: {what}", retryable=True)
@@ -140,6 +143,8 @@ def parse_generate(raw: bytes, prompt_ids: list[int], url: str, *, logprobs: boo
         raise bad("neither output_ids nor output_token_logprobs")
     else:
         response_ids, values = list(output_ids), None
+    if any(t >= vocab for t in response_ids):
+        raise bad(f"a response token id of {max(response_ids)}, beyond the model's vocabulary of {vocab}")
     if meta.get("completion_tokens", len(response_ids)) != len(response_ids):
         raise bad(f"completion_tokens {meta.get('completion_tokens')!r} for {len(response_ids)} tokens")
     return GenResult(
@@ -187,6 +192,19 @@ def _check_prompt(doc: dict[str, Any], meta: dict[str, Any], prompt_ids: list[in
         "image processing differs from the checkpoint's (the samples would not be the tokens it saw)",
         retryable=False,
     )
+
+
+def model_vocab(ckpt_dir: Path) -> int:
+    """The checkpoint's vocabulary size (its config's; Qwen pads it beyond the tokenizer's), or 2**31 when
+    the config does not say."""
+    import json
+
+    try:
+        config = json.loads((Path(ckpt_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return 2**31
+    size = (config.get("text_config") or {}).get("vocab_size") or config.get("vocab_size")
+    return size if isinstance(size, int) and size > 0 else 2**31
 
 
 def load_renderer(ckpt_dir: Path) -> Any:

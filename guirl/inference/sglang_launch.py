@@ -13,6 +13,7 @@ update would reuse features of the old weights.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -66,7 +67,13 @@ class LaunchSpec:
         env = dict(os.environ if base is None else base)
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
-        env.setdefault(VLM_CACHE_ENV, "0")
+        if env.setdefault(VLM_CACHE_ENV, "0") != "0":
+            log.warning(
+                "%s=%s is inherited: the server caches vision features across weight updates (stale ones, "
+                "as guirl trains the vision tower)",
+                VLM_CACHE_ENV,
+                env[VLM_CACHE_ENV],
+            )
         return env
 
 
@@ -86,10 +93,19 @@ def spawn_server(spec: LaunchSpec, name: str) -> tuple[subprocess.Popen, str, An
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
         start_new_session=True,  # its own process group: stopped whole, TP workers included
-        preexec_fn=die_with_parent,  # and SIGTERMed when the broker dies, even by SIGKILL: no GPUs held
+        # and SIGTERMed when the broker dies, even by SIGKILL: no GPUs held (the signal follows the thread
+        # that starts it: the engine's, on the broker's event loop, which lives as long as the broker)
+        preexec_fn=functools.partial(_die_with, os.getpid()),
     )
     host = f"[{spec.host}]" if ":" in spec.host else spec.host
     return proc, f"http://{host}:{port}", log_file
+
+
+def _die_with(parent: int) -> None:
+    """In the server's process, before it runs: die with `parent`, and at once if it is already gone."""
+    die_with_parent()
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def log_tail(path: str, lines: int = 20) -> str:

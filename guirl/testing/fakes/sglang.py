@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import json
 import logging
@@ -56,6 +57,8 @@ Stand-in options:
   --standin-timing JSON           the latency model's settings (see sglang_timing.TimingModel)
   --standin-keep-requests N       keep the last N /generate bodies for /_standin/state (default: all;
                                   a benchmark keeps none)
+  --standin-lifeline 1            stop when stdin ends (FakeSGLangServer holds it: a test that dies takes
+                                  its stand-in with it)
 """
 
 
@@ -135,6 +138,8 @@ async def serve(argv: list[str]) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    # SGLang's own SIGTERM handling (the tokenizer manager's: drain, then stop) ends by stopping this server
+    tm.set_server_stop_hook(lambda: setattr(server, "should_exit", True))
     tasks = [asyncio.create_task(scheduler.run()), asyncio.create_task(server.serve(sockets=[sock]))]
 
     def scheduler_ended(task: asyncio.Task) -> None:  # a dead scheduler would leave every request hanging
@@ -143,6 +148,8 @@ async def serve(argv: list[str]) -> None:
             server.should_exit = True
 
     tasks[0].add_done_callback(scheduler_ended)
+    if "--standin-lifeline" in own:  # stdin is the test's lifeline: its end (the test gone) stops the server
+        threading.Thread(target=_wait_for_eof, args=(loop, server), name="lifeline", daemon=True).start()
     while not server.started and not tasks[1].done():
         await asyncio.sleep(0.01)  # uvicorn has no started event; polled until it listens
     try:
@@ -183,7 +190,7 @@ class _Faults:
         self.generate_status: int | None = None
         self.generate_raw: bytes | None = None
         self.requests: list[Any] = []
-        self.served: list[dict[str, Any]] = []
+        self.served: collections.deque[dict[str, Any]] = collections.deque(maxlen=100_000)
         self.server_info: dict[str, Any] = {}
 
     def install(self, app: Any) -> Any:
@@ -203,7 +210,7 @@ class _Faults:
                     "flush_pending": s.flush_gate._pending is not None,
                     # the vision-embedding cache size SGLang's scheduler would take from this environment
                     "vlm_cache_mb": _vlm_cache_mb(),
-                    "served": self.served,
+                    "served": list(self.served),
                     "backend": s.backend.stats() if hasattr(s.backend, "stats") else {},
                 }
             )
@@ -275,16 +282,28 @@ class _Switched:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
         one = doc if isinstance(doc, dict) else {}
         sampling = one.get("sampling_params")
-        f.served.append(
-            {
-                "rid": one.get("rid"),
-                "seed": sampling.get("sampling_seed") if isinstance(sampling, dict) else None,
-                "latency_s": round(time.monotonic() - arrived, 6),
-            }
-        )
+
+        async def recorded(message: dict) -> None:
+            # recorded before the reply's last bytes leave: a client holding its answer finds it recorded
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                f.served.append(
+                    {
+                        "rid": one.get("rid"),
+                        "seed": sampling.get("sampling_seed") if isinstance(sampling, dict) else None,
+                        "latency_s": round(time.monotonic() - arrived, 6),
+                    }
+                )
+            await send(message)
+
+        await self.app(scope, replay, recorded)
+
+
+def _wait_for_eof(loop: asyncio.AbstractEventLoop, server: Any) -> None:
+    while sys.stdin.buffer.read(4096):
+        pass
+    loop.call_soon_threadsafe(setattr, server, "should_exit", True)
 
 
 def _vlm_cache_mb() -> int:
@@ -332,9 +351,11 @@ class FakeSGLangServer:
     def start_sync(self) -> FakeSGLangServer:
         """Start the process and wait until it serves (or fail with what it printed)."""
         argv = [sys.executable, "-m", "guirl.testing.fakes", "sglang", "--model-path", self.model_path]
-        argv += ["--host", self.host, "--port", str(self.port), *self.args]
+        argv += ["--host", self.host, "--port", str(self.port), "--standin-lifeline", "1", *self.args]
+        # stdin a pipe this process holds: if it dies (a test killed at its timeout), the stand-in sees the
+        # pipe end and stops, rather than outlive it (a parent-death signal would follow the starting thread)
         self._proc = subprocess.Popen(  # noqa: S603 - our own module
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.PIPE
         )
         self._reader = threading.Thread(target=self._read, name="standin-output", daemon=True)
         self._reader.start()
@@ -381,14 +402,17 @@ class FakeSGLangServer:
         return await asyncio.to_thread(self.get_state)
 
     def stop(self) -> None:
-        """SIGTERM (SIGKILL after 30 s); idempotent."""
+        """SIGINT, which stops it at once (SIGTERM is SGLang's graceful exit, polling every 5 s); SIGKILL
+        after 30 s; idempotent."""
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
+            self._proc.send_signal(signal.SIGINT)
             try:
                 self._proc.wait(30)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+        if self._proc is not None and self._proc.stdin is not None and not self._proc.stdin.closed:
+            self._proc.stdin.close()
         if self._reader is not None:
             self._reader.join(5)
 

@@ -20,7 +20,6 @@ unmodified. What it does with them:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from array import array
 from concurrent.futures import ThreadPoolExecutor
@@ -124,10 +123,14 @@ class Scheduler:
         unwrap_shm_features(obj)  # features passed in shared memory, taken as the scheduler takes them
         task = asyncio.create_task(self._generate(obj))
         self.inflight[obj.rid] = task
-        task.add_done_callback(lambda _t, rid=obj.rid: self._ended(rid))
+        task.add_done_callback(lambda t, rid=obj.rid: self._ended(rid, t, obj))
 
-    def _ended(self, rid: str) -> None:
+    def _ended(self, rid: str, task: asyncio.Task, obj: Any) -> None:
         self.inflight.pop(rid, None)
+        if task.cancelled() and rid in self.aborted:  # the scheduler ends an aborted request with an abort
+            self.aborted.discard(rid)  # finish (even one cancelled before it first ran)
+            ids = list(obj.input_ids)
+            self._spawn(self._send(self._batch_output(obj, ids, _aborted("aborted"))))
         self.flush_gate.check_pending()
 
     def _abort(self, obj: Any) -> None:
@@ -146,12 +149,6 @@ class Scheduler:
             result = await self.backend.generate(
                 ids, obj.mm_inputs, obj.sampling_params, obj.return_logprob, seed
             )
-        except asyncio.CancelledError:
-            if obj.rid in self.aborted:  # the scheduler ends an aborted request with an abort finish
-                self.aborted.discard(obj.rid)
-                with contextlib.suppress(Exception):
-                    await self._send(self._batch_output(obj, ids, _aborted("aborted")))
-            raise
         except Exception as exc:  # the model failed: the request ends as the scheduler aborts one
             log.warning("scheduler stand-in: generation of %s failed: %r", obj.rid, exc)
             result = _aborted(str(exc))
@@ -162,7 +159,9 @@ class Scheduler:
             await self._send(self._batch_output(obj, ids, _aborted("the stand-in could not answer")))
 
     async def _health_signal(self, obj: Any) -> None:
-        await self.released.wait()  # a wedged scheduler signals nothing
+        # SGLang sends it after its next forward step; here generation advances by whole requests, so the
+        # signal goes once the running ones are not held (a wedged scheduler signals nothing)
+        await self.released.wait()
         await self._send(self.io.HealthCheckOutput(http_worker_ipc=getattr(obj, "http_worker_ipc", None)))
 
     async def _pending_flush(self) -> None:
