@@ -615,7 +615,8 @@ class InferenceBroker(Actor):
         async with self._drained(queue, slots):
             waited = time.monotonic() - arrived
             timeout = float(msg.weight_group.get("timeout_s", 0) or 0) if msg.weight_group else 0.0
-            if timeout and waited >= timeout - max(15.0, 0.25 * timeout):  # joining takes time too
+            # joining takes time too: leave it a quarter of the timeout, 15 s at least (half, on a short one)
+            if timeout and waited >= timeout - min(0.5 * timeout, max(15.0, 0.25 * timeout)):
                 # the learner stopped waiting for the engines to join: joining now would leave each engine
                 # waiting for a learner that is gone (SGLang gives a group 30 minutes)
                 raise EngineError(

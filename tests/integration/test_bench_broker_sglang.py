@@ -36,7 +36,7 @@ def test_sglang_broker_bench_reports_every_point() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     timing = json.dumps({"length_median": 8, "decode_s_base": 0.005, "prefill_s_per_token": 1e-5})
     cmd = [sys.executable, str(ROOT / "bench" / "broker.py"), "--sglang", "--standins", "1", "--rounds", "1"]
-    cmd += ["--concurrency", "2,4", "--warm", "0.5", "--window", "1.5", "--timing", timing]
+    cmd += ["--concurrency", "2,4", "--warm", "0.3", "--window", "1.0", "--timing", timing]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

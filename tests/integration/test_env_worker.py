@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 from guirl.actors.broker import InferenceBroker
 from guirl.actors.coordinator import Coordinator
@@ -310,43 +311,15 @@ def test_a_gui_r1_policy_acts_on_a_desktop(tmp_path):
     ]
     (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps({"response": a}) + "\n" for a in answers))
 
-    async def scenario():
-        coord = Coordinator(
-            "coordinator",
-            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-            mode="eval",
-            max_steps=5,
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        broker = InferenceBroker(
-            "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
-            engines=[ScriptedEngine("s0", str(scripts), screen=(640, 480))],
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        tasks = [await a.start() for a in (coord, broker)]
-        worker = EnvWorker(
-            "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 320 * 240, "response_format": "gui_r1"},
-            runtime=cfg.runtime,
-        )
-        try:
-            worker_task = await worker.start()
-            await asyncio.wait_for(coord.all_done.wait(), 60)
-            await asyncio.wait_for(worker_task, 30)
-        finally:
-            for actor, task in zip((coord, broker), tasks, strict=True):
-                actor.request_shutdown("test done")
-                await asyncio.wait_for(task, 15)
-        return coord
-
-    coord = run(scenario(), timeout=120)
+    coord = run(
+        _one_episode(
+            cfg,
+            tmp_path,
+            ScriptedEngine("s0", str(scripts), screen=(640, 480)),
+            {"response_format": "gui_r1"},
+        ),
+        timeout=120,
+    )
     (result,) = coord.results.values()
     assert result.status == "completed" and result.outcome == "done" and result.steps == 2
     (folder,) = (tmp_path / "run" / "episodes" / "t-infeasible").iterdir()
@@ -392,43 +365,12 @@ def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
             received.extend(batch)
             return await super().generate(batch)
 
-    async def scenario():
-        coord = Coordinator(
-            "coordinator",
-            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-            mode="eval",
-            max_steps=5,
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        broker = InferenceBroker(
-            "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
-            engines=[Recording("s0", str(scripts), screen=(640, 480))],
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        tasks = [await a.start() for a in (coord, broker)]
-        worker = EnvWorker(
-            "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 320 * 240, "prompt_style": "gui-rl"},
-            runtime=cfg.runtime,
-        )
-        try:
-            worker_task = await worker.start()
-            await asyncio.wait_for(coord.all_done.wait(), 60)
-            await asyncio.wait_for(worker_task, 30)
-        finally:
-            for actor, task in zip((coord, broker), tasks, strict=True):
-                actor.request_shutdown("test done")
-                await asyncio.wait_for(task, 15)
-        return coord
-
-    coord = run(scenario(), timeout=120)
+    coord = run(
+        _one_episode(
+            cfg, tmp_path, Recording("s0", str(scripts), screen=(640, 480)), {"prompt_style": "gui-rl"}
+        ),
+        timeout=120,
+    )
     (result,) = coord.results.values()
     assert result.status == "completed" and result.outcome == "fail" and result.steps == 3
     last = received[-1].messages
@@ -451,3 +393,42 @@ def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
     assert [s.step for s in samples] == [0, 1, 2]
     rebuilt = renderer.tokenizer.decode(samples[-1].prompt_ids, skip_special_tokens=False)
     assert rebuilt.count("\n<tools>\n") == 2 and rebuilt.endswith("<|im_start|>assistant\n<think>\n")
+
+
+async def _one_episode(cfg, tmp_path: Path, engine, agent: dict) -> Coordinator:
+    """One episode of the infeasible task on a 640x480 local desktop, the policy's answers from `engine`
+    (through a real broker), the worker's agent settings `agent` on top of a small image budget."""
+    coord = Coordinator(
+        "coordinator",
+        tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+        mode="eval",
+        max_steps=5,
+        runtime=cfg.runtime,
+        bind=["tcp://127.0.0.1:0"],
+    )
+    broker = InferenceBroker(
+        "broker",
+        inference=InferenceConfig(max_wait_ms=0.0),
+        engines=[engine],
+        runtime=cfg.runtime,
+        bind=["tcp://127.0.0.1:0"],
+    )
+    tasks = [await a.start() for a in (coord, broker)]
+    worker = EnvWorker(
+        "worker0",
+        coordinator=coord.endpoints[0],
+        broker=broker.endpoints[0],
+        run_dir=str(tmp_path / "run"),
+        env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+        agent={"max_pixels": 320 * 240, **agent},
+        runtime=cfg.runtime,
+    )
+    try:
+        worker_task = await worker.start()
+        await asyncio.wait_for(coord.all_done.wait(), 60)
+        await asyncio.wait_for(worker_task, 30)
+    finally:
+        for actor, task in zip((coord, broker), tasks, strict=True):
+            actor.request_shutdown("test done")
+            await asyncio.wait_for(task, 15)
+    return coord

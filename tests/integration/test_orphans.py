@@ -36,8 +36,16 @@ SUPERVISOR = textwrap.dedent(
 
 
 def test_actors_exit_when_their_supervisor_is_killed(tmp_path):
-    script = tmp_path / "sup.py"
-    script.write_text(SUPERVISOR)
+    children, alive = _kill_and_wait(tmp_path, SUPERVISOR)
+    assert len(children) == 2
+    assert alive == [], f"orphaned actors: {alive}"
+
+
+def _kill_and_wait(tmp_path: Path, source: str) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """Run `source` (it prints a JSON list of the pids it started, or one pid), SIGKILL it, and wait up to
+    30 s for those processes to end: (all of them, those still alive). Any left are killed afterwards."""
+    script = tmp_path / "parent.py"
+    script.write_text(source)
     proc = subprocess.Popen(
         [sys.executable, str(script)],
         cwd=ROOT,
@@ -45,20 +53,21 @@ def test_actors_exit_when_their_supervisor_is_killed(tmp_path):
         text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
-    actors: list[psutil.Process] = []
+    children: list[psutil.Process] = []
     try:
-        actors = [psutil.Process(pid) for pid in json.loads(proc.stdout.readline())]
-        assert len(actors) == 2 and all(a.is_running() for a in actors)
+        pids = json.loads(proc.stdout.readline())
+        children = [psutil.Process(pid) for pid in (pids if isinstance(pids, list) else [pids])]
+        assert children and all(c.is_running() for c in children)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
-        _, alive = psutil.wait_procs(actors, timeout=30)
-        assert alive == [], f"orphaned actors: {alive}"
+        _, alive = psutil.wait_procs(children, timeout=30)
+        return children, alive
     finally:
         if proc.poll() is None:
             proc.kill()
-        for a in actors:
-            if a.is_running():
-                a.kill()
+        for c in children:
+            if c.is_running():
+                c.kill()
 
 
 LAUNCHER = textwrap.dedent(
@@ -78,25 +87,5 @@ LAUNCHER = textwrap.dedent(
 def test_launched_inference_servers_exit_when_their_broker_is_killed(tmp_path):
     """A launched SGLang server holds GPUs: it must not outlive a broker SIGKILLed (own process group, so
     the group kill of a clean stop does not reach it; the parent-death signal does)."""
-    script = tmp_path / "launcher.py"
-    script.write_text(LAUNCHER)
-    proc = subprocess.Popen(
-        [sys.executable, str(script)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    server = None
-    try:
-        server = psutil.Process(json.loads(proc.stdout.readline()))
-        assert server.is_running() and os.getpgid(server.pid) != os.getpgid(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        _, alive = psutil.wait_procs([server], timeout=30)
-        assert alive == [], f"orphaned server: {alive}"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        if server is not None and server.is_running():
-            server.kill()
+    _, alive = _kill_and_wait(tmp_path, LAUNCHER)
+    assert alive == [], f"orphaned server: {alive}"
