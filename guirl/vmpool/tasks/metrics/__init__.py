@@ -15,6 +15,16 @@ class UnsupportedMetric(Exception):
 
 
 # Imported after UnsupportedMetric is defined: table.py and docs.py raise it for inputs they lack.
+# One module per family of OSWorld's Linux suite, each exporting its own `METRICS` by OSWorld's names.
+from guirl.vmpool.tasks.metrics import (  # noqa: E402
+    browser,
+    images,
+    impress,
+    media,
+    settings,
+    system,
+    writer,
+)
 from guirl.vmpool.tasks.metrics.docs import compare_docx_files  # noqa: E402
 from guirl.vmpool.tasks.metrics.general import (  # noqa: E402
     check_direct_json_object,
@@ -44,6 +54,10 @@ METRICS: dict[str, Callable[..., float]] = {
     "compare_docx_files": compare_docx_files,
     "compare_pptx_files": compare_pptx_files,
 }
+for _module in (browser, impress, images, media, settings, system, writer):
+    _clash = METRICS.keys() & _module.METRICS.keys()
+    assert not _clash, f"metrics defined twice: {sorted(_clash)}"
+    METRICS.update(_module.METRICS)
 
 
 def get_metric(name: str) -> Callable[..., float]:

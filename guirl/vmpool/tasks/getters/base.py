@@ -1,8 +1,4 @@
-"""Getters: how an evaluator obtains what it scores (a file from the VM, a command's output, a rule).
-
-Each is `await get(config, client, ctx)`; `config["type"]` names it. A file getter returns the local path
-of the fetched file (None when the VM has no such file, as OSWorld does), or a list when `multi`.
-"""
+"""The basic getters: files from the VM or a URL, command output, rules, directory listings, sizes."""
 
 from __future__ import annotations
 
@@ -14,9 +10,8 @@ from guirl.vmpool.client import VMClient, VMFatalError
 from guirl.vmpool.tasks.files import copy_into, fetch
 from guirl.vmpool.tasks.setup import TaskContext
 
-
-class UnsupportedGetter(Exception):
-    """The task uses a getter guirl does not implement."""
+Getter = Callable[[dict[str, Any], VMClient, TaskContext], Awaitable[Any]]
+"""`await getter(config, client, ctx)`: what the evaluator scores."""
 
 
 def _pairs(config: dict[str, Any]) -> tuple[list[str], list[str], list[int] | None]:
@@ -104,7 +99,7 @@ async def cache_file(config: dict[str, Any], client: VMClient, ctx: TaskContext)
     return str(path)
 
 
-GETTERS: dict[str, Callable[[dict[str, Any], VMClient, TaskContext], Awaitable[Any]]] = {
+GETTERS: dict[str, Getter] = {
     "vm_file": vm_file,
     "cloud_file": cloud_file,
     "rule": rule,
@@ -115,14 +110,3 @@ GETTERS: dict[str, Callable[[dict[str, Any], VMClient, TaskContext], Awaitable[A
     "vm_screen_size": vm_screen_size,
     "cache_file": cache_file,
 }
-"""Getter types guirl implements, by OSWorld name."""
-
-
-async def get(config: dict[str, Any] | None, client: VMClient, ctx: TaskContext) -> Any:
-    if config is None:
-        return None
-    kind = config.get("type")
-    fn = GETTERS.get(str(kind))
-    if fn is None:
-        raise UnsupportedGetter(f"getter {kind!r} is not implemented")
-    return await fn(config, client, ctx)

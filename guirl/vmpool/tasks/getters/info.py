@@ -1,0 +1,10 @@
+"""The desktop's state: window size, wallpaper, accessibility tree, slides' media, relative-time rules
+(OSWorld's getters/info.py, misc.py, impress.py, file.py).
+"""
+
+from __future__ import annotations
+
+from guirl.vmpool.tasks.getters.base import Getter
+
+GETTERS: dict[str, Getter] = {}
+"""This family's getters, by OSWorld's names."""
