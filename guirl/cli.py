@@ -38,6 +38,14 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _skip_unsupported_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--skip-unsupported",
+        action="store_true",
+        help="leave out, listed as skipped, tasks guirl cannot set up or score (default: refuse the suite)",
+    )
+
+
 def _dry_run_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dry-run",
@@ -126,6 +134,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             args.set.append(f"{path}={value}")
     if args.domain:
         args.set.append(f"eval.domains={json.dumps(args.domain)}")
+    if args.skip_unsupported:
+        args.set.append("eval.skip_unsupported=true")
     cfg = _load(args)
     if args.dry_run:
         return _dry_run(cfg, "eval")
@@ -165,6 +175,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             args.set.append(f"{path}={value}")
     if args.sync:
         args.set.append("train.sync=true")
+    if args.skip_unsupported:  # the training tasks and the periodic evaluation's
+        args.set += ["train.skip_unsupported=true", "eval.skip_unsupported=true"]
     run_dir = None
     if args.resume:
         from pathlib import Path
@@ -307,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["hf", "openai", "scripted", "sglang"], help="inference backend")
     p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
+    _skip_unsupported_arg(p)
     _dry_run_arg(p)
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("train", help="RL mode: GRPO with env workers acting while the learner trains")
@@ -318,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
     p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    _skip_unsupported_arg(p)
     _dry_run_arg(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("data", help="single-step grounding data: synthetic rows, checking a dataset file")

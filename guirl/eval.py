@@ -26,7 +26,7 @@ from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
 from guirl.fileio import write_json_atomic
-from guirl.vmpool.tasks.suite import load_suite
+from guirl.vmpool.tasks.suite import SkippedTask, check_supported, load_suite
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,14 @@ def progress_line(snap: dict[str, Any]) -> str:
     )
 
 
-def domain_table(results: list[TaskResult]) -> tuple[dict[str, dict], str]:
-    """Accuracy per domain (mean evaluator score over scored tasks; aborted tasks are listed apart,
-    never counted as failures) and the table as text."""
-    rows: dict[str, dict] = defaultdict(lambda: {"tasks": 0, "scored": 0, "success": 0, "score_sum": 0.0})
+def domain_table(
+    results: list[TaskResult], skipped: list[SkippedTask] | tuple = ()
+) -> tuple[dict[str, dict], str]:
+    """Accuracy per domain (mean evaluator score over scored tasks; aborted tasks — environment errors
+    to the last attempt — and skipped tasks — unsupported, never run — are listed apart, never counted
+    as failures) and the table as text."""
+    blank = {"tasks": 0, "scored": 0, "success": 0, "score_sum": 0.0, "skipped": 0}
+    rows: dict[str, dict] = defaultdict(lambda: dict(blank))
     for r in results:
         for key in (r.domain, "all"):
             row = rows[key]
@@ -101,24 +105,31 @@ def domain_table(results: list[TaskResult]) -> tuple[dict[str, dict], str]:
                 row["scored"] += 1
                 row["score_sum"] += r.score or 0.0
                 row["success"] += int((r.score or 0.0) >= 1.0)
+    for t in skipped:
+        for key in (t.domain, "all"):
+            rows[key]["tasks"] += 1
+            rows[key]["skipped"] += 1
     out: dict[str, dict] = {}
     for key, row in rows.items():
         scored = row["scored"]
         out[key] = {
             **row,
             "score_sum": round(row["score_sum"], 4),
-            "aborted": row["tasks"] - scored,
+            "aborted": row["tasks"] - scored - row["skipped"],
             "accuracy": round(row["score_sum"] / scored, 4) if scored else None,
         }
     order = sorted(k for k in out if k != "all") + ["all"]
-    lines = [f"{'domain':<20} {'tasks':>5} {'scored':>6} {'success':>7} {'aborted':>7} {'accuracy':>9}"]
+    names = ("tasks", 5), ("scored", 6), ("success", 7), ("aborted", 7), ("skipped", 7), ("accuracy", 9)
+    head = f"{'domain':<20} " + " ".join(f"{n:>{w}}" for n, w in names)
+    lines = [head]
     for key in order:
         r = out[key]
         acc = f"{100 * r['accuracy']:.1f}%" if r["accuracy"] is not None else "-"
         if key == "all":
-            lines.append("-" * len(lines[0]))
+            lines.append("-" * len(head))
         lines.append(
-            f"{key:<20} {r['tasks']:>5} {r['scored']:>6} {r['success']:>7} {r['aborted']:>7} {acc:>9}"
+            f"{key:<20} {r['tasks']:>5} {r['scored']:>6} {r['success']:>7} {r['aborted']:>7} "
+            f"{r['skipped']:>7} {acc:>9}"
         )
     return {k: out[k] for k in order}, "\n".join(lines)
 
@@ -298,6 +309,9 @@ async def run_eval(
         tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit or e.limit)
     else:
         tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+    skipped: list[SkippedTask] = []
+    if not dataset:  # before any VM starts
+        tasks, skipped = check_supported(tasks, skip_unsupported=e.skip_unsupported, source=e.tasks)
     from guirl.placement import apply
 
     placement = cluster.plan(cfg, "eval")  # the GPU layout (per host when the cluster file names GPUs)
@@ -308,6 +322,8 @@ async def run_eval(
     started = time.monotonic()
     source = cfg.data.eval if dataset else e.tasks
     print(f"[eval] {len(tasks)} tasks from {source} · run directory {run_dir}", file=out)
+    if skipped:
+        print(f"[eval] {len(skipped)} unsupported tasks skipped (listed in the summary)", file=out)
     coord = Coordinator(
         "coordinator",
         heartbeat_dir=str(run_dir),
@@ -368,7 +384,7 @@ async def run_eval(
         await coord_task
     elapsed = time.monotonic() - started
     results = sorted(coord.results.values(), key=lambda r: (r.domain, r.task_id))
-    per_domain, table = domain_table(results)
+    per_domain, table = domain_table(results, skipped)
     snap = coord.snapshot()
     summary = {
         "run_dir": str(run_dir),
@@ -386,6 +402,7 @@ async def run_eval(
         "steps": snap["steps"],
         "outcomes": dict(Counter(r.outcome for r in results if r.status == "completed")),
         "results": [dataclasses.asdict(r) for r in results],
+        "skipped": [dataclasses.asdict(t) for t in skipped],
     }
     if dataset:
         from guirl.data.metrics import grounding_metrics, grounding_table

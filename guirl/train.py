@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import sys
@@ -39,7 +40,7 @@ from guirl.eval import (
 )
 from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
 from guirl.tracking import Tracker
-from guirl.vmpool.tasks.suite import load_suite
+from guirl.vmpool.tasks.suite import SkippedTask, check_supported, load_suite
 
 log = logging.getLogger(__name__)
 
@@ -286,6 +287,8 @@ async def run_train(
         )
         t = cfg.train
     dataset = bool(cfg.data.train)  # GUI-R1 mode: grounding rows and a rule reward instead of desktops
+    skipped: list[SkippedTask] = []
+    eval_skipped: list[SkippedTask] = []
     if dataset:
         from guirl.actors.dataset_worker import dataset_tasks
 
@@ -295,12 +298,18 @@ async def run_train(
         if t.eval_every and not cfg.data.eval:
             raise InputError("train.eval_every in GUI-R1 mode needs data.eval (held-out rows)")
         eval_tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit) if t.eval_every else []
-    else:
-        tasks = load_suite(t.tasks)
-        eval_tasks = (
-            load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
+    else:  # both suites are checked before any VM starts
+        tasks, skipped = check_supported(
+            load_suite(t.tasks), skip_unsupported=t.skip_unsupported, source=t.tasks
+        )
+        eval_tasks, eval_skipped = (
+            check_supported(
+                load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit),
+                skip_unsupported=e.skip_unsupported,
+                source=e.tasks,
+            )
             if t.eval_every
-            else []
+            else ([], [])
         )
     from guirl.placement import apply
 
@@ -327,6 +336,11 @@ async def run_train(
     except BaseException:
         tracker.close(exit_code=1)
         raise
+    if skipped or eval_skipped:  # never run, so never in the tables: listed here
+        summary["skipped"] = [dataclasses.asdict(x) for x in skipped]
+        summary["eval_skipped"] = [dataclasses.asdict(x) for x in eval_skipped]
+        write_json_atomic(run_dir / "summary.json", summary)
+        out.write(f"[train] unsupported, skipped: {len(skipped)} training, {len(eval_skipped)} eval tasks\n")
     tracker.summary(summary)
     tracker.close()
     return summary

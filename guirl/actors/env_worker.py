@@ -32,9 +32,9 @@ import msgspec
 from guirl.actors.base import Actor
 from guirl.actors.errors import ActorError
 from guirl.actors.retry import backoff_delays, retry_idempotent
-from guirl.agent.actions import TERMINAL, AnyAction, Fail, to_pyautogui
+from guirl.agent.actions import TERMINAL, AnyAction, Fail
 from guirl.agent.gui_r1_desktop import build_gui_r1_prompt, parse_gui_r1
-from guirl.agent.parse import MAX_WAIT_S, ParseError, parse_response
+from guirl.agent.parse import ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt, gui_rl_step
 from guirl.config.schema import AgentConfig, EnvConfig
 from guirl.fileio import write_json_atomic
@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 
 POLICY_ATTEMPTS = 8
 """Tries of one policy request (overloaded broker, broker restarting) before the episode is an env error."""
-EXECUTE_TIMEOUT_S = MAX_WAIT_S + 30.0
 """How long one composed pyautogui program may run: the longest `wait` the parser allows, plus the
 interpreter's start-up and the action itself (a policy's long wait must not time out as a VM fault)."""
 
@@ -91,6 +90,7 @@ class _Episode:
     prm_dropped: list[int] = field(default_factory=list)  # steps the PRM will never see
     reward: float | None = None  # a rule reward (GUI-R1 mode) instead of the outcome reward of `score`
     reward_parts: dict[str, float] = field(default_factory=dict)
+    evaluation_errors: list[str] = field(default_factory=list)  # what scored 0 by raising (see evaluate)
 
     def add_sample(self, step: int, prompt: Any, response: PolicyResponse, action_line: str) -> None:
         """Keep a step as a training sample: the engine's exact tokens, each prompt image once."""
@@ -330,6 +330,8 @@ class EnvWorker(Actor):
         }
         if episode.reward is not None:
             result.update(reward=episode.reward, reward_parts=episode.reward_parts)
+        if episode.evaluation_errors:
+            result["evaluation_errors"] = episode.evaluation_errors
         write_json_atomic(episode.dir / "result.json", result)
         return EpisodeEnded(
             episode_id=ep.episode_id,
@@ -378,6 +380,7 @@ class EnvWorker(Actor):
                     if lease.broken:
                         raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
                     episode.score = float(await evaluate(task, client, ctx))
+                    episode.evaluation_errors = ctx.evaluation_errors
         finally:
             keepalive.cancel()
             await self.pool.release(lease.lease_id)
@@ -605,17 +608,11 @@ class EnvWorker(Actor):
             if isinstance(action, TERMINAL):
                 return refused, shot, action
             last = i == len(actions) - 1 and not self.agent.sleep_after_action_s
-            if self.env.action_space == "pyautogui":  # OSWorld's /execute, with a program we composed
-                program = "import pyautogui, time; pyautogui.FAILSAFE = False; " + to_pyautogui(action)
-                out = await client.execute(["python", "-c", program], timeout_s=EXECUTE_TIMEOUT_S)
-                if out.get("returncode", 0) != 0:
-                    refused.append(str(out.get("error") or out.get("output") or "failed")[:300])
-                shot = None
-            else:
-                result = await client.act(action, screenshot=last)
-                if not result.ok:
-                    refused.append(result.error[:300])
-                shot = result.screenshot if last else None
+            # guirl's /action, or a composed pyautogui program through OSWorld's /execute
+            result = await client.perform(action, action_space=self.env.action_space, screenshot=last)
+            if not result.ok:
+                refused.append(result.error[:300])
+            shot = result.screenshot if last else None
             if refused:
                 self.counters["actions.refused"] += 1
         if self.agent.sleep_after_action_s:

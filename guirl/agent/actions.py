@@ -98,32 +98,79 @@ TERMINAL = (Done, Fail)
 """Actions that end an episode."""
 
 
+PYAUTOGUI_PRELUDE = """\
+import sys, time
+import pyautogui
+pyautogui.FAILSAFE = False
+def _on_screen(**point):
+    w, h = pyautogui.size()
+    for name, v in point.items():
+        if not 0 <= v < (w if name.endswith('x') else h):
+            sys.exit(f'{name}={v} is off the {w}x{h} screen')
+def _hotkey(*keys):
+    names = [k.lower() for k in keys]
+    unknown = [k for k in names if not pyautogui.isValidKey(k)]
+    if unknown:
+        sys.exit(f'unknown key name(s) {unknown}')
+    pyautogui.hotkey(*names)
+def _write(text):
+    pieces = text.split('<')
+    for i, piece in enumerate(pieces):
+        if piece:
+            pyautogui.write(piece, interval=0.0)
+        if i < len(pieces) - 1:
+            pyautogui.hotkey('shift', ',')
+"""
+"""The fixed head of every program `to_pyautogui` writes. It refuses what guirl's `/action` refuses (a point
+off the screen, a key name pyautogui does not know: pyautogui itself would clamp the one and drop the
+other) by exiting non-zero with the reason, and types `<` as shift+comma (pyautogui types it as `>` on X,
+which OSWorld's own host also rewrites). It holds no value of the action: those follow it, as literals."""
+
+
 def to_pyautogui(action: AnyAction) -> str:
     """The pyautogui program equivalent to `action`, for a VM that only offers OSWorld's `/execute`.
 
-    Every value is written by a base type's own `repr` (an int, a finite float, a string literal), so the
-    program is exactly the intended call: text can never break out of its literal. Types are checked here,
-    not trusted, because a Struct built in Python (rather than decoded) is not validated."""
+    The program is `PYAUTOGUI_PRELUDE` followed by calls whose every argument is written by a base type's
+    own `repr` (an int, a finite float, a string literal), so it is exactly the intended call: text can
+    never break out of its literal. Types are checked here, not trusted, because a Struct built in Python
+    (rather than decoded) is not validated."""
+    return PYAUTOGUI_PRELUDE + _action_calls(action)
+
+
+def _xy(**point: object) -> str:
+    return "_on_screen(" + ", ".join(f"{k}={_int(v)}" for k, v in point.items()) + ")\n"
+
+
+def _action_calls(action: AnyAction) -> str:
     match action:
         case Click(x=x, y=y, button=b, clicks=n):
-            return f"pyautogui.click({_int(x)}, {_int(y)}, clicks={_int(n)}, button={_str(b)})"
+            interval = ", interval=0.05" if _int(n) != "1" else ""
+            return (
+                _xy(x=x, y=y)
+                + f"pyautogui.click({_int(x)}, {_int(y)}, clicks={_int(n)}{interval}, button={_str(b)})"
+            )
         case MoveTo(x=x, y=y):
-            return f"pyautogui.moveTo({_int(x)}, {_int(y)})"
+            return _xy(x=x, y=y) + f"pyautogui.moveTo({_int(x)}, {_int(y)})"
         case Drag(x=x, y=y, to_x=tx, to_y=ty, button=b):
             return (
-                f"pyautogui.moveTo({_int(x)}, {_int(y)}); "
-                f"pyautogui.dragTo({_int(tx)}, {_int(ty)}, duration=0.2, button={_str(b)})"
+                _xy(x=x, y=y, to_x=tx, to_y=ty)
+                + f"pyautogui.moveTo({_int(x)}, {_int(y)})\n"
+                + f"pyautogui.dragTo({_int(tx)}, {_int(ty)}, duration=0.2, button={_str(b)})"
             )
         case DragTo(to_x=tx, to_y=ty, button=b):
-            return f"pyautogui.dragTo({_int(tx)}, {_int(ty)}, duration=0.2, button={_str(b)})"
+            return (
+                _xy(to_x=tx, to_y=ty)
+                + f"pyautogui.dragTo({_int(tx)}, {_int(ty)}, duration=0.2, button={_str(b)})"
+            )
         case Scroll(amount=a, horizontal=h, x=x, y=y):
             fn = "hscroll" if h else "scroll"
-            at = f", x={_int(x)}, y={_int(y)}" if x is not None and y is not None else ""
-            return f"pyautogui.{fn}({_int(a)}{at})"
+            if x is not None and y is not None:
+                return _xy(x=x, y=y) + f"pyautogui.{fn}({_int(a)}, x={_int(x)}, y={_int(y)})"
+            return f"pyautogui.{fn}({_int(a)})"
         case TypeText(text=text):
-            return f"pyautogui.write({_str(text)}, interval=0.0)"
+            return f"_write({_str(text)})"
         case Hotkey(keys=keys):
-            return f"pyautogui.hotkey({', '.join(_str(k) for k in keys)})"
+            return f"_hotkey({', '.join(_str(k) for k in keys)})"
         case Wait(seconds=s):
             return f"time.sleep({_float(s)})"
         case Done() | Fail():

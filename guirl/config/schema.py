@@ -597,6 +597,9 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds between progress lines."""
     fault_kill_vm_at_step: int = -1
     """Fault injection for tests: kill the VM of the first episode at this step (-1 = off)."""
+    skip_unsupported: bool = False
+    """Leave out, listed as skipped, the tasks that need a setup step, getter or metric guirl lacks (off:
+    such a suite is refused before any VM starts)."""
 
 
 class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -604,6 +607,8 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     tasks: str = "tasks/local/train.json"
     """Meta list of the training tasks (`{domain: [task ids]}`)."""
+    skip_unsupported: bool = False
+    """Leave out, listed as skipped, the training tasks guirl cannot set up or score (off: refused)."""
     updates: NonNegInt = 0
     """Policy updates to run (0 = until stopped)."""
     lr: PosFloat = 1e-6

@@ -17,7 +17,10 @@ import msgpack
 import msgspec
 
 from guirl.actors.retry import backoff_delays
-from guirl.agent.actions import AnyAction
+from guirl.agent.actions import AnyAction, to_pyautogui
+
+PYAUTOGUI_TIMEOUT_S = 130.0
+"""How long one action's program may take through `/execute` (OSWorld's server gives it 120 s)."""
 
 
 class VMError(RuntimeError):
@@ -65,6 +68,8 @@ class VMClient:
         else:
             raise ValueError(f"VM address must be http(s)://HOST:PORT or unix:///PATH, got {address!r}")
         self._session: aiohttp.ClientSession | None = None
+        self._has_health = True  # until the server answers 404 (OSWorld's has neither route)
+        self._has_action = True
 
     async def __aenter__(self) -> VMClient:
         return self
@@ -171,12 +176,42 @@ class VMClient:
     # -- guirl's additions -----------------------------------------------------------------------------
 
     async def health(self, timeout_s: float = 5.0) -> bool:
-        """True when the server and its display answer within `timeout_s`."""
+        """True when the server and its display answer within `timeout_s`.
+
+        guirl's server answers `/health`; OSWorld's has no such route (404), so its `/screen_size`, which
+        asks the display, stands in (remembered, so a probe costs one request either way)."""
         try:
-            await self._call("GET", "/health", idempotent=False, timeout_s=timeout_s)
+            if self._has_health:
+                try:
+                    await self._call("GET", "/health", idempotent=False, timeout_s=timeout_s)
+                    return True
+                except VMFatalError as exc:
+                    if exc.status != 404:
+                        return False
+                    self._has_health = False
+            await self._call("POST", "/screen_size", idempotent=False, timeout_s=timeout_s)
             return True
         except VMError:
             return False
+
+    async def perform(self, action: AnyAction, *, action_space: str, screenshot: bool = True) -> ActionResult:
+        """Execute a typed action in `action_space`: "computer_use" sends it to guirl's `/action`;
+        "pyautogui" runs the equivalent program (`to_pyautogui`) through OSWorld's `/execute`, as does
+        "computer_use" on a server without `/action` (an OSWorld image). Refusals come back as `ok=False`
+        with the reason either way. Never retried."""
+        if action_space == "computer_use" and self._has_action:
+            try:
+                return await self.act(action, screenshot=screenshot)
+            except VMFatalError as exc:
+                if exc.status != 404:
+                    raise
+                self._has_action = False  # OSWorld's server: typed actions go through /execute from now on
+        elif action_space not in ("computer_use", "pyautogui"):
+            raise ValueError(f"unknown action space {action_space!r}")
+        out = await self.execute(["python", "-c", to_pyautogui(action)], timeout_s=PYAUTOGUI_TIMEOUT_S)
+        ok = out.get("returncode", 0) == 0
+        error = "" if ok else _last_line(str(out.get("error") or out.get("output") or "failed"))
+        return ActionResult(ok=ok, error=error, screenshot=await self.screenshot() if screenshot else None)
 
     async def act(self, action: AnyAction, *, screenshot: bool = True) -> ActionResult:
         """Execute a typed action; the next screenshot comes in the same reply. Never retried. A refused
@@ -192,11 +227,19 @@ class VMClient:
                 headers={"Content-Type": "application/json"},
             )
         except VMFatalError as exc:  # refused: the server says why in the usual reply shape
+            if exc.status == 404:  # no /action here at all (an OSWorld image): see perform()
+                raise
             body = exc.body
         try:
             return msgspec.convert(msgpack.unpackb(body), ActionResult)
         except (ValueError, msgspec.ValidationError, msgpack.UnpackException) as exc:
             raise VMTransientError(f"/action answered something else than a result: {exc}") from None
+
+
+def _last_line(text: str) -> str:
+    """The reason a program gave last (its traceback's or sys.exit's line), not the warnings before it."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "failed"
 
 
 def _message(body: bytes) -> str:

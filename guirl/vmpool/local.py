@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guirl.vmpool.provider import ProviderError
-from guirl.vmpool.sandbox import bwrap_argv
+from guirl.vmpool.sandbox import HOME, bwrap_argv
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ LIBREOFFICE_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
 <value>false</value></prop></item>
 </oor:items>
 """
+_NOT_SERVER = shutil.ignore_patterns("__pycache__", "screenshots", "*.md")
 UNIX_PATH_MAX = 100  # AF_UNIX paths are limited to 108 bytes; keep a margin
 
 
@@ -104,6 +105,7 @@ class LocalProvider:
         template: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 60.0,
         window_manager: str = "icewm",
+        osworld_server: str | os.PathLike[str] | None = None,
     ) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
@@ -111,6 +113,10 @@ class LocalProvider:
         self.template = Path(template) if template else self._default_template()
         self.start_timeout_s = start_timeout_s
         self.window_manager = window_manager
+        # OSWorld's own VM server (its main.py) instead of guirl's: the server an OSWorld image runs
+        self.osworld_server = Path(osworld_server).resolve() if osworld_server else None
+        if self.osworld_server is not None and not self.osworld_server.is_file():
+            raise ProviderError(f"osworld_server: no such file {self.osworld_server}")
         self.vms: dict[str, LocalVM] = {}
         self.reaped = self.reap_stale()
 
@@ -209,6 +215,11 @@ class LocalProvider:
         if home.exists():
             shutil.rmtree(home)
         shutil.copytree(self.template, home, symlinks=True)
+        if self.osworld_server is not None:  # it writes beside itself (screenshots/), as in an image
+            server = home / "server"
+            shutil.copytree(self.osworld_server.parent, server, ignore=_NOT_SERVER)
+            for path in [server, *server.rglob("*")]:  # the user's own files, whatever the source's modes
+                path.chmod(0o755 if path.is_dir() else 0o644)
 
     async def _start(self, vm: LocalVM) -> None:
         vm.socket.unlink(missing_ok=True)
@@ -230,6 +241,8 @@ class LocalProvider:
             "--wm",
             self.window_manager,
         ]
+        if self.osworld_server is not None:  # where an OSWorld image keeps it (copied in at each reset)
+            command += ["--osworld-server", f"{HOME}/server/{self.osworld_server.name}"]
         vm.log_file = open(vm.dir / "session.log", "ab")  # noqa: SIM115  (closed in _stop)
         try:
             vm.proc = await asyncio.create_subprocess_exec(

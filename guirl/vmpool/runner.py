@@ -54,12 +54,13 @@ async def play(
     ctx: TaskContext,
     *,
     keep_screenshots: bool = False,
+    action_space: str = "computer_use",
 ) -> Episode:
-    """Set the task up, perform `actions`, and score the result."""
+    """Set the task up, perform `actions` in `action_space` (see `VMClient.perform`), and score the result."""
     await run_setup(client, task.config, ctx)
     episode = Episode(score=0.0, steps=0)
     for action in actions:
-        result = await client.act(action, screenshot=keep_screenshots)
+        result = await client.perform(action, action_space=action_space, screenshot=keep_screenshots)
         if not result.ok:
             episode.refused.append(result.error)
         ctx.actions.append(action)

@@ -15,6 +15,7 @@ import asyncio
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -111,15 +112,20 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
         if not await asyncio.to_thread(wait_for_window_manager, display):
             print(f"guirl session: the window manager {args.wm!r} did not start", file=sys.stderr, flush=True)
             return 4
-    server = VMServer(Desktop(display, png_level=args.png_level), env=env, home=home)
-    runner = web.AppRunner(server.app(), access_log=None)
-    await runner.setup()
-    if args.listen_fd is not None:  # the host made the socket, where nothing in here can touch it
-        await web.SockSite(runner, socket.socket(fileno=args.listen_fd)).start()
+    server: VMServer | None = None
+    runner: web.AppRunner | None = None
+    if args.osworld_server:
+        children.append(await asyncio.to_thread(start_foreign_server, args, env))
     else:
-        sock = Path(args.socket)
-        sock.unlink(missing_ok=True)
-        await web.UnixSite(runner, str(sock)).start()
+        server = VMServer(Desktop(display, png_level=args.png_level), env=env, home=home)
+        runner = web.AppRunner(server.app(), access_log=None)
+        await runner.setup()
+        if args.listen_fd is not None:  # the host made the socket, where nothing in here can touch it
+            await web.SockSite(runner, socket.socket(fileno=args.listen_fd)).start()
+        else:
+            sock = Path(args.socket)
+            sock.unlink(missing_ok=True)
+            await web.UnixSite(runner, str(sock)).start()
     os.write(ready_out, (json.dumps({"ready": True, "display": display, "pid": os.getpid()}) + "\n").encode())
     os.close(ready_out)
 
@@ -127,20 +133,51 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    x_died = loop.run_in_executor(None, xvfb.wait)  # the display is the VM: without it, end
-    await asyncio.wait([asyncio.ensure_future(stop.wait()), x_died], return_when=asyncio.FIRST_COMPLETED)
+    # the display is the VM, and so is a foreign server: without either, end
+    vital = {"the X server": xvfb, **({"the VM server": children[-1]} if args.osworld_server else {})}
+    died = [loop.run_in_executor(None, proc.wait) for proc in vital.values()]
+    await asyncio.wait([asyncio.ensure_future(stop.wait()), *died], return_when=asyncio.FIRST_COMPLETED)
     code = 0 if stop.is_set() else 3
     if not stop.is_set():
-        try:
-            status = x_died.result()
-        except Exception as exc:  # noqa: BLE001
-            status = repr(exc)
-        print(f"guirl session: the X server exited ({status}); ending", file=sys.stderr, flush=True)
-    await runner.cleanup()
-    for proc in [*server.launched, *reversed(children)]:
+        for name, proc in vital.items():
+            if proc.poll() is not None:
+                print(
+                    f"guirl session: {name} exited ({proc.returncode}); ending", file=sys.stderr, flush=True
+                )
+    if runner is not None:
+        await runner.cleanup()
+    for proc in [*(server.launched if server else []), *reversed(children)]:
         if proc.poll() is None:
             proc.terminate()
     return code
+
+
+def start_foreign_server(
+    args: argparse.Namespace, env: dict[str, str], timeout: float = 60.0
+) -> subprocess.Popen:
+    """OSWorld's own VM server (`guirl.vmpool.wsgi_host`) on the inherited socket, under a D-Bus session
+    bus (AT-SPI, which its accessibility routes read, starts on it when first asked); returns once the
+    server file has been imported."""
+    if args.listen_fd is None:
+        raise SystemExit("--osworld-server needs --listen-fd")
+    read_fd, write_fd = os.pipe()
+    argv = [sys.executable, "-m", "guirl.vmpool.wsgi_host", "--main", args.osworld_server]
+    argv += ["--listen-fd", str(args.listen_fd), "--ready-fd", str(write_fd)]
+    if shutil.which("dbus-run-session"):
+        argv = ["dbus-run-session", "--", *argv]
+    proc = subprocess.Popen(
+        argv, env=env, pass_fds=(args.listen_fd, write_fd), stdin=subprocess.DEVNULL, stdout=sys.stderr
+    )
+    os.close(write_fd)
+    ready, _, _ = select.select([read_fd], [], [], timeout)
+    line = os.read(read_fd, 64) if ready else b""
+    os.close(read_fd)
+    if not line.startswith(b"ready"):
+        proc.kill()
+        raise SystemExit(
+            f"OSWorld's server {args.osworld_server} did not start (its messages are in the session log)"
+        )
+    return proc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--png-level", type=int, default=1, help="PNG compression level of screenshots (0-9)")
     ap.add_argument("--wm", default="icewm", help="window manager to run ('' for none)")
+    ap.add_argument("--osworld-server", help="run this OSWorld VM server main.py instead of guirl's server")
     args = ap.parse_args(argv)
     # stdout carries exactly one line to the host, the ready line; whatever else anyone prints (a library's
     # warning, a child process) goes to the session log with stderr

@@ -9,11 +9,12 @@ from pathlib import Path
 
 from guirl.actors.broker import InferenceBroker
 from guirl.actors.coordinator import Coordinator
-from guirl.actors.env_worker import EXECUTE_TIMEOUT_S, EnvWorker
+from guirl.actors.env_worker import EnvWorker
 from guirl.agent.actions import Wait
 from guirl.agent.parse import parse_response
 from guirl.config.schema import InferenceConfig
 from guirl.inference.scripted import ScriptedEngine
+from guirl.vmpool.client import PYAUTOGUI_TIMEOUT_S
 from guirl.vmpool.tasks.suite import SuiteTask
 from tests.helpers import fast_config, run
 
@@ -82,7 +83,7 @@ def test_the_longest_wait_fits_in_the_execute_timeout():
         '{"action": "wait", "time": 1e9}', screen=(640, 480), coordinates="relative"
     ).actions
     assert longest == [Wait(seconds=longest[0].seconds)]
-    assert EXECUTE_TIMEOUT_S >= longest[0].seconds + 20
+    assert PYAUTOGUI_TIMEOUT_S >= longest[0].seconds + 20
 
 
 def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):

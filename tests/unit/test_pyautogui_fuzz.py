@@ -1,7 +1,8 @@
 """`to_pyautogui` under hostile values: the program is always the intended call with literal arguments.
 
 A VM that only offers OSWorld's `/execute` runs this text as Python, so any way for a value to leave its
-literal would be code execution on the VM. Each generated program is checked on its syntax tree.
+literal would be code execution on the VM. Each generated program is the fixed prelude (no value of the
+action in it) followed by calls checked on their syntax tree.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import random
 import pytest
 
 from guirl.agent.actions import (
+    PYAUTOGUI_PRELUDE,
     AnyAction,
     Click,
     Done,
@@ -25,6 +27,9 @@ from guirl.agent.actions import (
     Wait,
     to_pyautogui,
 )
+
+# the calls a program may make after the prelude: pyautogui's, time.sleep, and the prelude's checked helpers
+HELPERS = {"_on_screen", "_hotkey", "_write"}
 
 HOSTILE = [
     "'",
@@ -69,9 +74,10 @@ def _random_text(rng: random.Random, max_pieces: int = 12) -> str:
 
 
 def _calls(program: str) -> list[ast.Call]:
-    """The program's calls, checking every statement is a bare call of `pyautogui.<fn>` or `time.sleep`
-    with constant arguments (or `pass`)."""
-    tree = ast.parse(program)
+    """The program's calls after the prelude, checking every statement is a bare call of `pyautogui.<fn>`,
+    `time.sleep` or a prelude helper, with constant arguments (or `pass`)."""
+    assert program.startswith(PYAUTOGUI_PRELUDE), program
+    tree = ast.parse(program[len(PYAUTOGUI_PRELUDE) :])
     calls = []
     for stmt in tree.body:
         if isinstance(stmt, ast.Pass):
@@ -79,14 +85,17 @@ def _calls(program: str) -> list[ast.Call]:
         assert isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call), program
         call = stmt.value
         func = call.func
-        assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name), program
-        assert (func.value.id, func.attr) in {("time", "sleep")} or func.value.id == "pyautogui", program
+        if isinstance(func, ast.Name):
+            assert func.id in HELPERS, program
+        else:
+            assert isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name), program
+            assert (func.value.id, func.attr) in {("time", "sleep")} or func.value.id == "pyautogui", program
         for arg in [*call.args, *(k.value for k in call.keywords)]:
             assert _constant(arg), program
         calls.append(call)
     # Nothing but these calls' own names anywhere in the tree.
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert names <= {"pyautogui", "time"}, program
+    assert names <= {"pyautogui", "time"} | HELPERS, program
     return calls
 
 
@@ -102,10 +111,10 @@ def test_typed_text_stays_one_literal():
     for _ in range(3000):
         text = _random_text(rng)
         (call,) = _calls(to_pyautogui(TypeText(text=text)))
-        assert ast.unparse(call.func) == "pyautogui.write"
+        assert ast.unparse(call.func) == "_write"
         assert len(call.args) == 1 and isinstance(call.args[0], ast.Constant)
         assert call.args[0].value == text
-        assert [k.arg for k in call.keywords] == ["interval"]
+        assert not call.keywords
 
 
 def test_hotkey_names_stay_literals():
@@ -113,7 +122,7 @@ def test_hotkey_names_stay_literals():
     for _ in range(1500):
         keys = [_random_text(rng, 4)[:32] or "a" for _ in range(rng.randint(1, 8))]
         (call,) = _calls(to_pyautogui(Hotkey(keys=keys)))
-        assert ast.unparse(call.func) == "pyautogui.hotkey"
+        assert ast.unparse(call.func) == "_hotkey"
         assert [a.value for a in call.args] == keys  # type: ignore[attr-defined]
         assert not call.keywords
 
@@ -149,7 +158,11 @@ def test_every_action_type_is_constant_calls():
         elif isinstance(action, Done | Fail):
             assert calls == []
         else:
-            assert all(ast.unparse(call.func).startswith("pyautogui.") for call in calls)
+            funcs = [ast.unparse(call.func) for call in calls]
+            assert all(f.startswith("pyautogui.") or f == "_on_screen" for f in funcs)
+            # every point is checked against the screen before any pyautogui call uses it
+            if any(getattr(action, k, None) is not None for k in ("x", "to_x")):
+                assert funcs[0] == "_on_screen"
     assert len(seen) == 8
 
 

@@ -58,7 +58,11 @@ def _command(data: dict[str, Any]) -> tuple[list[str] | str, bool]:
         return (command if shell else shlex.split(command)), shell
     if isinstance(command, list) and command and all(isinstance(c, str) for c in command):
         command = [os.path.expanduser(c) if c.startswith("~/") else c for c in command]
-        return (shlex.join(command) if shell else command), shell
+        if shell and len(command) > 1:
+            # OSWorld's server would run only command[0] (the rest become $0...): refused rather than
+            # silently cut short or silently run differently (docs/osworld-compat.md §1.1)
+            raise bad_request("'shell': true takes a string, or a list of one string")
+        return (command[0] if shell else command), shell
     raise bad_request("'command' must be a string or a non-empty list of strings")
 
 
@@ -215,7 +219,9 @@ class VMServer:
         raw = (await request_fields(request)).get("path")
         if not raw:
             return web.json_response({"error": "Missing 'path' parameter"}, status=400)
-        path = self._path(raw)
+        if not isinstance(raw, str):
+            raise bad_request("a path is required")
+        path = Path(raw)  # as OSWorld's server takes it: no `~` expansion (relative to the server's cwd)
         if not path.is_dir():
             return web.json_response({"error": "The provided path is not a directory"}, status=400)
 

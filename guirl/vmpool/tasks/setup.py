@@ -42,6 +42,20 @@ class TaskContext:
     password: str = "password"
     actions: list[Any] = field(default_factory=list)
     """The agent's actions, in order (the last decides infeasible tasks)."""
+    evaluation_errors: list[str] = field(default_factory=list)
+    """What went wrong while scoring (a metric that raised, a getter the VM answered with an error, a
+    postconfig step the VM refused): each scored what OSWorld scores it, 0, and is recorded here."""
+    devtools_url: str | None = None
+    """The DevTools endpoint of the VM's Chrome (`http://HOST:PORT`, Chrome's --remote-debugging-port), for
+    the browser's setup steps and getters; None where the VM's browser cannot be reached."""
+    chrome_profile_dir: str = "~/.config/google-chrome"
+    """Chrome's user-data directory on the VM (OSWorld's Ubuntu image: Google Chrome's default)."""
+    google_drive_settings: str | None = None
+    """PyDrive's settings.yml for the Google Drive steps and getter (OSWorld's
+    evaluation_examples/settings/googledrive/settings.yml); None: those tasks cannot run."""
+    google_account: str | None = None
+    """A JSON file `{"email", "password"}` for the `login` setup step (OSWorld's settings_file); None: those
+    tasks cannot run."""
 
 
 SETUP_TYPES = frozenset(

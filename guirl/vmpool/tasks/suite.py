@@ -7,7 +7,7 @@ configuration error reported with its path, never a failure discovered (and scor
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +86,42 @@ def load_suite(
     if not tasks:
         raise SuiteError(f"{meta}: no tasks selected")
     return tasks
+
+
+@dataclass(frozen=True)
+class SkippedTask:
+    """A task of a suite left out of a run because guirl cannot set it up or score it."""
+
+    task_id: str
+    domain: str
+    missing: list[str] = field(default_factory=list)
+    """What it needs that guirl lacks: `setup:TYPE`, `getter:TYPE`, `metric:NAME`."""
+
+
+def check_supported(
+    tasks: list[SuiteTask], *, skip_unsupported: bool, source: str | Path = "the suite"
+) -> tuple[list[SuiteTask], list[SkippedTask]]:
+    """The tasks guirl can run, and those it cannot. Checked before any VM starts: without
+    `skip_unsupported` a suite with an unsupported task is refused, naming each task and what it lacks
+    (an unscorable task would otherwise fail every attempt, and the accuracy would be over a self-selected
+    part of the suite); with it, those tasks are left out and listed as skipped, never run."""
+    from guirl.vmpool.tasks.check import missing_parts
+
+    runnable: list[SuiteTask] = []
+    skipped: list[SkippedTask] = []
+    for t in tasks:
+        missing = missing_parts(parse_task(json.dumps(t.task), t.task_id))
+        if missing:
+            skipped.append(SkippedTask(t.task_id, t.domain, missing))
+        else:
+            runnable.append(t)
+    if skipped and not skip_unsupported:
+        lines = [f"  {s.domain}/{s.task_id}: {', '.join(s.missing)}" for s in skipped]
+        raise SuiteError(
+            f"{source}: {len(skipped)} of {len(tasks)} tasks need what guirl does not implement:\n"
+            + "\n".join(lines)
+            + "\nrun with --skip-unsupported to leave them out (they are listed as skipped, never scored)"
+        )
+    if not runnable:
+        raise SuiteError(f"{source}: none of its {len(tasks)} tasks is supported")
+    return runnable, skipped

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from guirl.vmpool.client import VMClient, VMFatalError
+from guirl.vmpool.client import VMClient, VMError, VMFatalError
 from guirl.vmpool.tasks.files import copy_into, fetch
 from guirl.vmpool.tasks.setup import TaskContext
 
@@ -56,28 +57,44 @@ async def rule(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> An
     return config.get("rules")
 
 
-async def vm_command_line(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+def answered(exc: VMError) -> bool:
+    """The VM's server answered, with an error status: OSWorld's getters then return None (the task scores
+    what None scores). No answer at all (status 0: down, unreachable, timed out) is an environment fault."""
+    return exc.status != 0
+
+
+async def _command(config: dict[str, Any], client: VMClient, key: str) -> Any:
     try:
-        return (await client.execute(config["command"], shell=bool(config.get("shell", False))))["output"]
-    except VMFatalError:  # the VM refused the request; a VM that did not answer is an environment fault
-        return None
+        result = await client.execute(config["command"], shell=bool(config.get("shell", False)))
+    except VMError as exc:
+        # OSWorld's server answers 500 when the program cannot start (or ran past its 120 s), and
+        # OSWorld's getter returns None for any answer but 200
+        if answered(exc):
+            return None
+        raise
+    return result.get(key)
+
+
+async def vm_command_line(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
+    return await _command(config, client, "output")
 
 
 async def vm_command_error(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
-    try:
-        return (await client.execute(config["command"], shell=bool(config.get("shell", False))))["error"]
-    except VMFatalError:  # the VM refused the request; a VM that did not answer is an environment fault
-        return None
+    return await _command(config, client, "error")
 
 
 async def vm_terminal_output(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     try:
         body = (await client._call("GET", "/terminal", idempotent=True))[1]
-    except VMFatalError:  # 501: no AT-SPI on this desktop, like OSWorld when it finds no terminal
+    except VMError as exc:  # e.g. 501: no AT-SPI on this desktop; OSWorld's getter: None for any non-200
+        if answered(exc):
+            return None
+        raise
+    try:
+        data = json.loads(body)
+    except ValueError:
         return None
-    import json
-
-    return json.loads(body).get("output")
+    return data.get("output") if isinstance(data, dict) else None
 
 
 async def list_directory(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:

@@ -1,0 +1,217 @@
+"""guirl against OSWorld's own VM server: the `main.py` an OSWorld desktop image runs, unchanged, as the VM
+server of a local desktop (`LocalProvider(osworld_server=...)`: Xvfb, IceWM, a D-Bus session with AT-SPI,
+scrot for its screenshots), driven by guirl's real client, task setup, getters and both action spaces.
+
+The server file is read from `../shared/osworld/server/` beside the checkout (or `GUIRL_OSWORLD_DIR`); it is
+third-party code and is never copied into guirl. Expected values come from what OSWorld's server does (its
+README's measured facts) and from the shipped tasks' own evaluators, never from guirl's server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from guirl.agent.actions import Click, Hotkey, MoveTo, TypeText
+from guirl.vmpool.client import VMClient, VMFatalError
+from guirl.vmpool.cloud import _vm_server_health
+from guirl.vmpool.local import LocalProvider
+from guirl.vmpool.runner import load_solution, play
+from guirl.vmpool.tasks.getters import get
+from guirl.vmpool.tasks.model import load_task
+from guirl.vmpool.tasks.setup import TaskContext
+from tests.helpers import run
+
+ROOT = Path(__file__).resolve().parents[2]
+OSWORLD = Path(os.environ.get("GUIRL_OSWORLD_DIR") or ROOT.parent / "shared" / "osworld")
+SERVER = OSWORLD / "server" / "main.py"
+SUITE = ROOT / "tasks" / "local"
+WIDTH, HEIGHT = 1024, 768
+
+
+@contextlib.asynccontextmanager
+async def osworld_desktop(root: Path) -> AsyncIterator[tuple[LocalProvider, str]]:
+    """A local desktop whose VM server is OSWorld's (its asyncio processes belong to the running loop)."""
+    if not SERVER.is_file():
+        pytest.fail(f"OSWorld's VM server is not at {SERVER} (set GUIRL_OSWORLD_DIR)", pytrace=False)
+    provider = LocalProvider(root / "vms", width=WIDTH, height=HEIGHT, osworld_server=SERVER)
+    vm = await provider.create("osworld")
+    try:
+        yield provider, vm
+    finally:
+        await provider.delete(vm)
+
+
+def _ctx(tmp_path: Path, name: str) -> TaskContext:
+    ctx = TaskContext(
+        task_id=name,
+        cache_dir=tmp_path / "cache" / name,
+        download_cache=tmp_path / "downloads",
+        width=WIDTH,
+        height=HEIGHT,
+    )
+    ctx.cache_dir.mkdir(parents=True)
+    return ctx
+
+
+def _suite() -> list[tuple[str, Path]]:
+    out = []
+    for meta in ("test.json", "train.json"):
+        for domain, ids in json.loads((SUITE / meta).read_text()).items():
+            out += [(i, SUITE / "examples" / domain / f"{i}.json") for i in ids]
+    return out
+
+
+def test_the_server_is_osworlds_and_guirl_sees_it_ready(tmp_path):
+    """OSWorld's server has no /health (404): guirl's readiness probe, as a cloud pool runs it, must still
+    say the VM is up, or every OSWorld VM would be terminated after `ready_timeout_s`."""
+
+    async def main():
+        async with osworld_desktop(tmp_path) as (provider, vm):
+            address = provider.address(vm)
+            async with VMClient(address, timeout_s=30) as client:
+                with pytest.raises(VMFatalError) as missing:
+                    await client._call("GET", "/health", idempotent=False)
+                assert missing.value.status == 404
+                assert await client.platform() == "Linux"
+                assert await client.screen_size() == (WIDTH, HEIGHT)
+                shot = await client.screenshot()
+                assert shot.startswith(b"\x89PNG")
+                assert await client.health()
+            assert await _vm_server_health(address, 5.0)  # the probe a cloud pool waits on
+
+    run(main(), timeout=120)
+
+
+def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
+    """Every shipped task's reference solution scores 1 through OSWorld's server, as it does through
+    guirl's (tests/integration/test_shipped_tasks.py), in both action spaces (computer_use falls back to
+    /execute on a server without /action): setup steps, actions, getters and metrics. The two action
+    spaces play on two desktops at once (a solution's waits leave the CPU idle)."""
+
+    async def play_suite(action_space: str) -> dict[str, float]:
+        scores = {}
+        async with osworld_desktop(tmp_path / action_space) as (provider, vm):
+            for task_id, path in _suite():
+                task = load_task(path)
+                await provider.reset(vm)
+                async with VMClient(provider.address(vm), timeout_s=60) as client:
+                    ctx = _ctx(tmp_path / action_space, task_id)
+                    actions = load_solution(SUITE / "solutions" / f"{task_id}.jsonl")
+                    episode = await play(task, client, actions, ctx, action_space=action_space)
+                    assert episode.refused == [], (action_space, task_id, episode.refused)
+                    assert ctx.evaluation_errors == [], (action_space, task_id, ctx.evaluation_errors)
+                    scores[task_id] = episode.score
+        return scores
+
+    async def main():
+        return await asyncio.gather(play_suite("pyautogui"), play_suite("computer_use"))
+
+    every = {task_id: 1.0 for task_id, _ in _suite()}
+    assert run(main(), timeout=900) == [every, every]
+
+
+def test_pyautogui_programs_type_less_than_and_refuse_what_action_refuses(tmp_path):
+    """Through OSWorld's /execute, `<` is typed as `<` (pyautogui alone types `>` on X), and an unknown key
+    or an off-screen point is refused with the reason (pyautogui alone drops the one, clamps the other)."""
+
+    async def main():
+        async with osworld_desktop(tmp_path) as (provider, vm):
+            await provider.reset(vm)
+            async with VMClient(provider.address(vm), timeout_s=60) as client:
+                # an xterm that writes the first line typed into it to a file, then exits
+                out = await client.execute(
+                    ["bash", "-c", "xterm -e sh -c 'head -n1 > ~/typed.txt' >/dev/null 2>&1 & echo $!"]
+                )
+                pid = out["output"].strip()
+                found = await client.execute(
+                    ["xdotool", "search", "--sync", "--classname", "xterm", "windowactivate", "--sync"],
+                    timeout_s=60,
+                )
+                assert found["returncode"] == 0, found
+                typed = await client.perform(TypeText(text="a<b>c <x>\n"), action_space="pyautogui")
+                assert typed.ok, typed.error
+                done = await client.execute(["timeout", "30", "tail", f"--pid={pid}", "-f", "/dev/null"])
+                assert done["returncode"] == 0, done  # the xterm exited: its line is written
+                assert await client.get_file("/home/user/typed.txt") == b"a<b>c <x>\n"
+
+                unknown = await client.perform(Hotkey(keys=["ctrl", "no-such-key"]), action_space="pyautogui")
+                assert not unknown.ok and "unknown key name(s) ['no-such-key']" in unknown.error
+                off = await client.perform(Click(x=WIDTH + 5, y=10), action_space="pyautogui")
+                assert not off.ok and f"x={WIDTH + 5} is off the {WIDTH}x{HEIGHT} screen" in off.error
+                edge = await client.perform(MoveTo(x=WIDTH - 1, y=HEIGHT - 1), action_space="pyautogui")
+                assert edge.ok, edge.error
+                assert await client.cursor_position() == (WIDTH - 1, HEIGHT - 1)
+
+    run(main(), timeout=180)
+
+
+def test_getters_return_what_osworlds_return(tmp_path):
+    """A program that cannot start answers 500 on OSWorld's server, and OSWorld's getter returns None (the
+    task scores what None scores): not an environment error. `/list_directory` does not expand `~` there,
+    so a listing of `~/...` is None, as OSWorld's getter gives."""
+
+    async def main():
+        async with osworld_desktop(tmp_path) as (provider, vm):
+            async with VMClient(provider.address(vm), timeout_s=60) as client:
+                ctx = _ctx(tmp_path, "getters")
+                missing = {"type": "vm_command_line", "command": ["no-such-program-anywhere"]}
+                assert await get(missing, client, ctx) is None
+                assert await get({**missing, "type": "vm_command_error"}, client, ctx) is None
+                ok = {"type": "vm_command_line", "command": "echo hi", "shell": True}
+                assert await get(ok, client, ctx) == "hi\n"
+                listing = {"type": "list_directory", "path": "~/server"}
+                assert await get(listing, client, ctx) is None
+                tree = await get({"type": "list_directory", "path": "/home/user/server"}, client, ctx)
+                assert "main.py" in {c["name"] for c in tree["children"]}
+                # no terminal is open: OSWorld answers 200 with no output
+                assert await get({"type": "vm_terminal_output"}, client, ctx) is None
+
+    run(main(), timeout=120)
+
+
+def test_guirls_server_answers_as_osworlds_where_a_client_can_tell(tmp_path):
+    """The same requests to guirl's VM server and to OSWorld's: where a client (a getter) can tell them
+    apart, guirl's server gives OSWorld's answer, except where OSWorld's is a defect guirl documents
+    (docs/osworld-compat.md §1.1) and refuses instead."""
+
+    async def main():
+        guirl_provider = LocalProvider(tmp_path / "guirl-vms", width=WIDTH, height=HEIGHT)
+        guirl_vm = await guirl_provider.create("guirl")
+        try:
+            async with (
+                osworld_desktop(tmp_path) as (provider, vm),
+                VMClient(provider.address(vm), timeout_s=60) as osworld,
+                VMClient(guirl_provider.address(guirl_vm), timeout_s=60) as guirl,
+            ):
+                ctx = _ctx(tmp_path, "differential")
+                for client in (osworld, guirl):
+                    # `~` is not expanded by /list_directory: no such directory
+                    with pytest.raises(VMFatalError) as refused:
+                        await client.list_directory("~")
+                    assert refused.value.status == 400
+                    assert await get({"type": "list_directory", "path": "~"}, client, ctx) is None
+                    # no terminal to read (OSWorld: 200 with no output; guirl without AT-SPI: 501)
+                    assert await get({"type": "vm_terminal_output"}, client, ctx) is None
+                    missing = {"type": "vm_command_line", "command": ["no-such-program-anywhere"]}
+                    assert await get(missing, client, ctx) is None
+                # `shell: true` with a list: OSWorld runs the first item alone (the rest become $0...);
+                # guirl refuses the request instead of running something else than was sent
+                cut = await osworld.execute(["echo first", "echo second"], shell=True)
+                assert cut["returncode"] == 0 and cut["output"] == "first\n"
+                with pytest.raises(VMFatalError) as refused:
+                    await guirl.execute(["echo first", "echo second"], shell=True)
+                assert refused.value.status == 400 and "a list of one string" in str(refused.value)
+                for client in (osworld, guirl):
+                    one = await client.execute(["echo only"], shell=True)
+                    assert one["output"] == "only\n"
+        finally:
+            await guirl_provider.delete(guirl_vm)
+
+    run(main(), timeout=180)
