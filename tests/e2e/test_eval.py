@@ -85,15 +85,46 @@ def test_scripted_reference_solutions_score_100_even_with_a_vm_killed(tmp_path):
     assert all(s.response_ids[-1] == renderer.tokenizer.convert_tokens_to_ids("<|im_end|>") for s in samples)
 
 
-def test_pyautogui_action_space(tmp_path):
+def _suite_with_an_unsupported_task(root: Path) -> Path:
+    """The shipped terminal tasks, plus one whose metric guirl does not have."""
+    src = ROOT / "tasks" / "local"
+    ids = json.loads((src / "test.json").read_text())["terminal"]
+    (root / "examples" / "terminal").mkdir(parents=True)
+    for i in ids:
+        (root / "examples" / "terminal" / f"{i}.json").write_text(
+            (src / "examples" / "terminal" / f"{i}.json").read_text()
+        )
+    task = json.loads((src / "examples" / "terminal" / f"{ids[0]}.json").read_text())
+    task["id"] = "terminal-unscorable"
+    task["evaluator"] = {
+        "func": "no_such_metric",
+        "result": {"type": "vm_file", "path": "/tmp/x", "dest": "x"},
+    }
+    (root / "examples" / "terminal" / "terminal-unscorable.json").write_text(json.dumps(task))
+    (root / "list.json").write_text(json.dumps({"terminal": [*ids, "terminal-unscorable"]}))
+    return root / "list.json"
+
+
+def test_pyautogui_action_space_and_a_suite_with_an_unsupported_task(tmp_path):
+    """A suite with a task guirl cannot score is refused before anything starts, naming the task and what
+    it lacks; with --skip-unsupported the task is listed as skipped (never run, never scored) and the rest
+    run, here in OSWorld's pyautogui action space."""
+    suite = _suite_with_an_unsupported_task(tmp_path / "suite")
+    runs = tmp_path / "runs"
+    args = ["--backend", "scripted", "--max-steps", "15", "--tasks", str(suite)]
+    out, _ = _eval(runs, *args)
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert "1 of 4 tasks need what guirl does not implement" in out.stderr
+    assert (
+        "terminal/terminal-unscorable: metric:no_such_metric" in out.stderr
+        and "--skip-unsupported" in out.stderr
+    )
+    assert not runs.exists() or not any(runs.iterdir())  # refused before any run directory or VM
+
     out, summary = _eval(
-        tmp_path,
-        "--backend",
-        "scripted",
-        "--max-steps",
-        "15",
-        "--domain",
-        "terminal",
+        runs,
+        *args,
+        "--skip-unsupported",
         "--set",
         "env.action_space=pyautogui",
         "--set",
@@ -101,6 +132,13 @@ def test_pyautogui_action_space(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert summary["tasks"] == 3 and summary["accuracy"] == 1.0 and summary["env_errors"] == 0, summary
+    assert summary["skipped"] == [
+        {"task_id": "terminal-unscorable", "domain": "terminal", "missing": ["metric:no_such_metric"]}
+    ]
+    assert summary["episodes"] == 3  # never played
+    terminal = summary["domains"]["terminal"]
+    assert (terminal["tasks"], terminal["scored"], terminal["skipped"], terminal["aborted"]) == (4, 3, 1, 0)
+    assert "skipped" in out.stdout and "1 unsupported tasks skipped" in out.stdout
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,8 @@ separately, each asserting what the reference does and what guirl does instead.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import locale
 import re
-import sys
 import types
 import zipfile
 from collections.abc import Callable
@@ -27,54 +24,32 @@ from docx.opc.exceptions import PackageNotFoundError
 from openpyxl.styles import Font, PatternFill
 
 from guirl.vmpool.tasks.metrics import METRICS, UnsupportedMetric
-
-REFERENCE_VERSION = "1.0.2"
+from tests.osworld_reference import reference
 
 
 def _load_reference() -> dict[str, types.ModuleType]:
-    try:
-        version = importlib.metadata.version("desktop-env")
-    except importlib.metadata.PackageNotFoundError:
-        pytest.fail(
-            f"OSWorld's reference metrics are not installed: run `pip install --no-deps "
-            f"desktop-env=={REFERENCE_VERSION}` plus its metric deps (`make setup-test` does both)",
-            pytrace=False,
-        )
-    if version != REFERENCE_VERSION:
-        pytest.fail(f"parity is pinned to desktop-env=={REFERENCE_VERSION}, found {version}", pytrace=False)
-    spec = importlib.util.find_spec("desktop_env")
-    assert spec is not None and spec.submodule_search_locations
-    root = Path(spec.submodule_search_locations[0])
-    # Stub packages: `desktop_env.evaluators.metrics.utils` must resolve without running the heavy inits.
-    for name, sub in [
-        ("desktop_env", ""),
-        ("desktop_env.evaluators", "evaluators"),
-        ("desktop_env.evaluators.metrics", "evaluators/metrics"),
-    ]:
-        package = types.ModuleType(name)
-        package.__path__ = [str(root / sub)]
-        sys.modules[name] = package
-    # docs.py imports easyocr (-> torch) and scikit-image at the top; compare_docx_files uses neither.
-    for name in ("easyocr", "skimage", "skimage.color"):
-        if name not in sys.modules:
-            stub = types.ModuleType(name)
-            stub.deltaE_ciede2000 = stub.rgb2lab = None  # type: ignore[attr-defined]
-            sys.modules[name] = stub
-    modules = {}
-    for mod in ("general", "vscode", "table", "docs"):
-        name = f"desktop_env.evaluators.metrics.{mod}"
-        mspec = importlib.util.spec_from_file_location(name, root / "evaluators" / "metrics" / f"{mod}.py")
-        assert mspec is not None and mspec.loader is not None
-        module = importlib.util.module_from_spec(mspec)
-        sys.modules[name] = module
-        mspec.loader.exec_module(module)
-        modules[mod] = module
-    return modules
+    # docs.py imports easyocr (-> torch, and a model download) at the top; compare_docx_files does not use it
+    modules = ("general", "vscode", "table", "docs")
+    return {mod: reference(f"metrics.{mod}", absent=["easyocr"]) for mod in modules}
 
 
 REF = _load_reference()
+BASE_METRICS = (
+    "exact_match",
+    "check_include_exclude",
+    "check_direct_json_object",
+    "check_list",
+    "file_contains",
+    "fuzzy_match",
+    "is_in_list",
+    "literal_match",
+    "compare_text_file",
+    "compare_table",
+    "compare_docx_files",
+)
+"""The metrics whose parity cases live in this file."""
 REF_METRICS: dict[str, Callable[..., Any]] = {
-    **{name: getattr(REF["general"], name) for name in METRICS if hasattr(REF["general"], name)},
+    **{name: getattr(REF["general"], name) for name in BASE_METRICS if hasattr(REF["general"], name)},
     "compare_text_file": REF["vscode"].compare_text_file,
     "compare_table": REF["table"].compare_table,
     "compare_docx_files": REF["docs"].compare_docx_files,
@@ -705,7 +680,8 @@ def test_deliberate_difference(d: Diff, data_dir: Path) -> None:
 
 
 def test_every_metric_has_parity_cases() -> None:
-    here = set(METRICS) - {"compare_pptx_files"}  # its cases are in test_metrics_parity_slides.py
-    assert {c.metric for c in CASES} == here, "every registered metric needs parity cases"
+    # the metrics whose cases are here (the families' are in test_parity_<family>.py)
+    here = set(BASE_METRICS)
+    assert {c.metric for c in CASES} == here, "every metric of this file needs parity cases"
     for metric in here:
         assert {0.0, 1.0} <= {c.want for c in CASES if c.metric == metric}, f"{metric}: need passes and fails"

@@ -176,3 +176,53 @@ def test_open_and_window_steps(tmp_path):
                 )
 
     run(main())
+
+
+def test_an_evaluator_that_raises_scores_zero_and_only_a_silent_vm_is_an_environment_fault(tmp_path):
+    """As OSWorld's runner records it: a metric that raises on what the episode left scores 0, the reason
+    kept; a postconfig step the VM refuses is noted and scoring goes on. A VM that does not answer at all
+    is an environment fault (`EvaluationError`: played again, never scored)."""
+    from guirl.vmpool.client import VMClient
+    from guirl.vmpool.tasks.evaluate import EvaluationError
+
+    crashes = task(
+        id="crash",
+        evaluator={
+            "func": "exact_match",
+            "result": {"type": "rule", "rules": 1},
+            "expected": {"type": "rule"},
+        },
+    )
+    refused_post = task(
+        id="post",
+        evaluator={
+            "postconfig": [{"type": "open", "parameters": {"path": "/home/user/no-such-file.txt"}}],
+            "func": "exact_match",
+            "result": {"type": "vm_command_line", "command": "echo hi", "shell": True},
+            "expected": {"type": "rule", "rules": {"expected": "hi\n"}},
+        },
+    )
+    silent = task(
+        id="silent",
+        evaluator={
+            "func": "exact_match",
+            "result": {"type": "vm_command_line", "command": "echo hi", "shell": True},
+            "expected": {"type": "rule", "rules": {"expected": "hi\n"}},
+        },
+    )
+
+    async def main():
+        ctx = _ctx(tmp_path, "crash")
+        async with VMClient(f"unix://{tmp_path}/no-vm.sock", retries=1) as gone:
+            assert await evaluate(crashes, gone, ctx) == 0.0  # exact_match(1, None): TypeError
+            assert len(ctx.evaluation_errors) == 1 and "TypeError" in ctx.evaluation_errors[0]
+            with pytest.raises(EvaluationError, match="did not answer"):
+                await evaluate(silent, gone, _ctx(tmp_path, "silent"))
+            with pytest.raises(EvaluationError, match="did not answer"):
+                await evaluate(refused_post, gone, _ctx(tmp_path, "post-gone"))
+        async with local_vm(tmp_path) as (_p, _v, client):
+            ctx = _ctx(tmp_path, "post")
+            assert await evaluate(refused_post, client, ctx) == 1.0
+            assert len(ctx.evaluation_errors) == 1 and "postconfig" in ctx.evaluation_errors[0]
+
+    run(main(), timeout=120)

@@ -6,8 +6,9 @@ agent's last action was FAIL, and any other task scores 0 when it was.
 
 Faults, as OSWorld's runner records them: a metric or getter that raises on what the episode left behind
 scores 0 (the reason is kept in `ctx.evaluation_errors`), as does a getter whose request the VM answered
-with an error. Only a VM that does not answer is an environment fault (`EvaluationError`: the episode is
-played again, never scored). A task whose getter or metric guirl lacks never gets here: suites are checked
+with an error. Only a VM that does not answer, or answers that it cannot provide what is asked (501: no
+AT-SPI on this desktop), is an environment fault (`EvaluationError`: the episode is played again, never
+scored). A task whose getter or metric guirl lacks never gets here: suites are checked
 before a run (`guirl.vmpool.tasks.suite.check_supported`); reaching one anyway is an `EvaluationError`.
 """
 
@@ -43,8 +44,9 @@ def _at(value: Any, i: int, n: int) -> Any:
 
 
 def _unreachable(exc: BaseException) -> bool:
-    """The VM did not answer at all (down, unreachable, timed out): an environment fault."""
-    return isinstance(exc, VMError) and exc.status == 0
+    """The VM did not answer at all (down, unreachable, timed out), or answered that it cannot do what was
+    asked (501: e.g. no AT-SPI on this desktop): an environment fault, not what the policy left behind."""
+    return isinstance(exc, VMError) and exc.status in (0, 501)
 
 
 async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
