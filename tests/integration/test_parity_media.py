@@ -591,8 +591,8 @@ def test_content_from_vm_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("served", [True, False])
 def test_vm_wallpaper(tmp_path: Path, served: bool) -> None:
-    """OSWorld's server sends the wallpaper file; guirl's has no /wallpaper route (404): then both write an
-    empty file, as the reference does when the VM gives nothing."""
+    """The server sends the wallpaper file (guirl's: the one /setup/change_wallpaper set); with none set it
+    answers 404, and both getters write an empty file, as the reference does when the VM gives nothing."""
     picture = tmp_path / "wallpaper.png"
     _picture(picture, 1)
     (tmp_path / "ours").mkdir()

@@ -38,6 +38,7 @@ class ExtraRoutes:
 
     def __init__(self, server: Any) -> None:
         self.server = server
+        self.wallpaper: str | None = None  # the file last set by /setup/change_wallpaper
 
     def add(self, app: web.Application) -> None:
         r = app.router
@@ -51,6 +52,7 @@ class ExtraRoutes:
         r.add_get("/terminal", self.terminal)
         r.add_get("/accessibility", self.accessibility)
         r.add_post("/setup/change_wallpaper", self.change_wallpaper)
+        r.add_post("/wallpaper", self.get_wallpaper)
         r.add_post("/start_recording", self.recording)
         r.add_post("/end_recording", self.recording)
 
@@ -236,6 +238,7 @@ class ExtraRoutes:
             return web.Response(text=f"File not found: {path}", status=404)
         if shutil.which("icewmbg") is None:
             return _unsupported("no wallpaper setter")
+        self.wallpaper = path
         subprocess.Popen(
             ["icewmbg", "-i", path],
             env=self.server.env,
@@ -244,6 +247,13 @@ class ExtraRoutes:
             start_new_session=True,
         )
         return web.Response(text="Wallpaper changed successfully")
+
+    async def get_wallpaper(self, _request: web.Request) -> web.StreamResponse:
+        """The wallpaper's file, as OSWorld's server sends the one GNOME's settings name: here the one
+        `/setup/change_wallpaper` last set (IceWM keeps no setting to read back); 404 when none was."""
+        if self.wallpaper is None or not os.path.isfile(self.wallpaper):
+            return web.json_response({"error": "Wallpaper file not found"}, status=404)
+        return web.FileResponse(self.wallpaper, headers={"Content-Type": "image/png"})
 
     async def recording(self, _request: web.Request) -> web.Response:
         return _unsupported("screen recording (no ffmpeg in this desktop)")
