@@ -89,6 +89,18 @@ def progress_line(snap: dict[str, Any]) -> str:
     )
 
 
+def run_settings(cfg: GuirlConfig) -> set[str]:
+    """What the run's configuration provides to tasks that need a setting (Chrome's DevTools, Google)."""
+    from guirl.vmpool.tasks.check import available_settings
+
+    env = cfg.env
+    return available_settings(
+        devtools=env.provider != "local" and env.chromium_port > 0,
+        drive=bool(env.google_drive_settings),
+        account=bool(env.google_account),
+    )
+
+
 def domain_table(
     results: list[TaskResult], skipped: list[SkippedTask] | tuple = ()
 ) -> tuple[dict[str, dict], str]:
@@ -311,7 +323,9 @@ async def run_eval(
         tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
     skipped: list[SkippedTask] = []
     if not dataset:  # before any VM starts
-        tasks, skipped = check_supported(tasks, skip_unsupported=e.skip_unsupported, source=e.tasks)
+        tasks, skipped = check_supported(
+            tasks, skip_unsupported=e.skip_unsupported, source=e.tasks, available=run_settings(cfg)
+        )
     from guirl.placement import apply
 
     placement = cluster.plan(cfg, "eval")  # the GPU layout (per host when the cluster file names GPUs)

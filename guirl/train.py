@@ -36,6 +36,7 @@ from guirl.eval import (
     cpu_set,
     resolve_checkpoint,
     resolve_prm_checkpoint,
+    run_settings,
     worker_spec,
 )
 from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
@@ -300,13 +301,17 @@ async def run_train(
         eval_tasks = dataset_tasks(cfg.data.eval, "eval", cfg.data.limit) if t.eval_every else []
     else:  # both suites are checked before any VM starts
         tasks, skipped = check_supported(
-            load_suite(t.tasks), skip_unsupported=t.skip_unsupported, source=t.tasks
+            load_suite(t.tasks),
+            skip_unsupported=t.skip_unsupported,
+            source=t.tasks,
+            available=run_settings(cfg),
         )
         eval_tasks, eval_skipped = (
             check_supported(
                 load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit),
                 skip_unsupported=e.skip_unsupported,
                 source=e.tasks,
+                available=run_settings(cfg),
             )
             if t.eval_every
             else ([], [])

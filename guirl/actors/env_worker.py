@@ -61,6 +61,7 @@ from guirl.vmpool.provider import ProviderError
 from guirl.vmpool.tasks.evaluate import EvaluationError, evaluate
 from guirl.vmpool.tasks.model import TaskError, parse_task
 from guirl.vmpool.tasks.setup import SetupError, TaskContext, run_setup
+from guirl.vmpool.tasks.setup_chrome import devtools_url
 
 log = logging.getLogger(__name__)
 
@@ -370,6 +371,10 @@ class EnvWorker(Actor):
                     download_cache=self.run_dir / "downloads",
                     width=self.screen[0],
                     height=self.screen[1],
+                    devtools_url=devtools_url(lease.address, self.env.chromium_port),
+                    chrome_profile_dir=self.env.chrome_profile_dir,
+                    google_drive_settings=self.env.google_drive_settings or None,
+                    google_account=self.env.google_account or None,
                 )
                 ctx.cache_dir.mkdir(exist_ok=True)
                 await asyncio.wait_for(run_setup(client, task.config, ctx), self.setup_timeout_s)

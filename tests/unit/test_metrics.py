@@ -353,3 +353,25 @@ def test_compare_docx_files(tmp_path: Path) -> None:
     assert compare_docx_files(gold.replace(".docx", ".txt"), gold) == 0.0
     with pytest.raises(UnsupportedMetric, match=r"\.odt"):
         compare_docx_files("a.odt", "b.odt")
+
+
+def test_a_metric_whose_library_is_missing_is_reported_with_the_extra(monkeypatch) -> None:
+    """A suite check names what to install when a metric's module needs a library that is absent."""
+    import sys
+    import types
+
+    from guirl.vmpool.tasks.check import EXTRA, lacking_modules
+
+    family = types.ModuleType("guirl_test_family")
+    family.REQUIRES = ("json", "no_such_module_anywhere")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, family.__name__, family)
+
+    def metric(result: object) -> float:
+        return 1.0
+
+    metric.__module__ = family.__name__
+    assert lacking_modules(metric) == ["no_such_module_anywhere"]
+    assert "guirl[osworld]" in EXTRA
+    # in the test environment (`make setup-test` installs the extra) every registered one is importable
+    for name, fn in METRICS.items():
+        assert lacking_modules(fn) == [], name

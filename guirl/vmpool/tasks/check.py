@@ -6,10 +6,14 @@ A PATH is a task file, a directory of them (searched recursively), or an OSWorld
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from guirl.vmpool.tasks.model import Task, TaskError, getters_of, load_task
 
@@ -49,17 +53,90 @@ def _task_files(path: Path) -> list[tuple[str, Path]]:
     return [(path.parent.name, path)]
 
 
+EXTRA = "pip install 'guirl[osworld]'"
+"""How to get the libraries OSWorld's metrics and getters need beyond guirl's own dependencies."""
+
+
+def lacking_modules(fn: Callable[..., Any]) -> list[str]:
+    """The importable modules the function's module declares it needs (`REQUIRES`) that are not installed."""
+    module = sys.modules.get(getattr(fn, "__module__", ""))
+    return [m for m in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(m) is None]
+
+
 def missing_parts(task: Task) -> list[str]:
-    """Names of the setup types, getters and metrics of `task` that guirl lacks."""
+    """Names of the setup types, getters and metrics of `task` that guirl lacks, or that need a library
+    that is not installed here (`metric:NAME (needs MODULE: pip install ...)`)."""
     from guirl.vmpool.tasks.getters import GETTERS
     from guirl.vmpool.tasks.metrics import METRICS
-    from guirl.vmpool.tasks.setup import SETUP_TYPES
+    from guirl.vmpool.tasks.setup import _HANDLERS
 
-    out = [f"setup:{s.type}" for s in [*task.config, *task.evaluator.postconfig] if s.type not in SETUP_TYPES]
-    out += [f"getter:{g}" for g in getters_of(task) if g not in GETTERS]
+    out: list[str] = []
+
+    def need(kind: str, name: str, table: dict[str, Any]) -> None:
+        fn = table.get(name)
+        if fn is None:
+            out.append(f"{kind}:{name}")
+        elif lacking := lacking_modules(fn):
+            out.append(f"{kind}:{name} (needs {', '.join(lacking)}: {EXTRA})")
+
+    for step in [*task.config, *task.evaluator.postconfig]:
+        need("setup", step.type, _HANDLERS)
+    for getter in getters_of(task):
+        need("getter", getter, GETTERS)
     if not task.infeasible:
-        out += [f"metric:{m}" for m in task.funcs if m not in METRICS]
+        for metric in task.funcs:
+            need("metric", metric, METRICS)
     return sorted(set(out))
+
+
+DEVTOOLS = (
+    "env.chromium_port: Chrome's DevTools on the VM, which a cloud VM serves and a local desktop cannot"
+)
+DRIVE = "env.google_drive_settings: PyDrive's settings.yml"
+ACCOUNT = "env.google_account: the Google account's JSON file"
+NEEDS_SETTINGS: dict[str, tuple[str, ...]] = {
+    "setup:chrome_open_tabs": (DEVTOOLS,),
+    "setup:chrome_close_tabs": (DEVTOOLS,),
+    "setup:login": (DEVTOOLS, ACCOUNT),
+    "setup:googledrive": (DRIVE,),
+    "getter:googledrive_file": (DRIVE,),
+    # the page getters open the page in the VM's Chrome; the active tab's URL is read from the VM's
+    # accessibility tree where it has one, else from DevTools (guirl's desktops have no AT-SPI)
+    **{
+        f"getter:{name}": (DEVTOOLS,)
+        for name in (
+            "open_tabs_info",
+            "active_tab_info",
+            "page_info",
+            "pdf_from_url",
+            "active_tab_html_parse",
+            "info_from_website",
+            "gotoRecreationPage_and_get_html_content",
+            "active_url_from_accessTree",
+            "active_tab_url_parse",
+            "url_dashPart",
+            "url_path_parse",
+        )
+    },
+}
+"""What a setup step or getter needs besides code: a setting naming something only the user can provide."""
+
+
+def unavailable_parts(task: Task, available: set[str]) -> list[str]:
+    """The parts of `task` that need a setting of `NEEDS_SETTINGS` not in `available`, each naming it."""
+    used = {f"setup:{s.type}" for s in [*task.config, *task.evaluator.postconfig]}
+    used |= {f"getter:{g}" for g in getters_of(task)}
+    out = []
+    for part in sorted(used):
+        lacking = [need for need in NEEDS_SETTINGS.get(part, ()) if need not in available]
+        if lacking:
+            out.append(f"{part} (needs {'; '.join(lacking)})")
+    return out
+
+
+def available_settings(*, devtools: bool, drive: bool, account: bool) -> set[str]:
+    """The `NEEDS_SETTINGS` a run's configuration provides."""
+    return {need for need, ok in ((DEVTOOLS, devtools), (DRIVE, drive), (ACCOUNT, account)) if ok}
 
 
 def check(paths: list[Path]) -> CheckReport:

@@ -160,5 +160,15 @@ _HANDLERS = {
     "close_window": _close,
     "download": _download,
 }
+
+
+def _chrome_steps() -> None:
+    # Chrome's steps (DevTools, Google Drive, login) live apart; that module imports this one's TaskContext
+    from guirl.vmpool.tasks.setup_chrome import HANDLERS
+
+    _HANDLERS.update(HANDLERS)
+
+
+_chrome_steps()
 SETUP_TYPES = frozenset(_HANDLERS)
 """The setup step types guirl implements."""

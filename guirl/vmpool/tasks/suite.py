@@ -99,18 +99,26 @@ class SkippedTask:
 
 
 def check_supported(
-    tasks: list[SuiteTask], *, skip_unsupported: bool, source: str | Path = "the suite"
+    tasks: list[SuiteTask],
+    *,
+    skip_unsupported: bool,
+    source: str | Path = "the suite",
+    available: set[str] | None = None,
 ) -> tuple[list[SuiteTask], list[SkippedTask]]:
     """The tasks guirl can run, and those it cannot. Checked before any VM starts: without
     `skip_unsupported` a suite with an unsupported task is refused, naming each task and what it lacks
     (an unscorable task would otherwise fail every attempt, and the accuracy would be over a self-selected
-    part of the suite); with it, those tasks are left out and listed as skipped, never run."""
-    from guirl.vmpool.tasks.check import missing_parts
+    part of the suite); with it, those tasks are left out and listed as skipped, never run. `available`: the
+    settings of `check.NEEDS_SETTINGS` the run provides (None: not checked)."""
+    from guirl.vmpool.tasks.check import missing_parts, unavailable_parts
 
     runnable: list[SuiteTask] = []
     skipped: list[SkippedTask] = []
     for t in tasks:
-        missing = missing_parts(parse_task(json.dumps(t.task), t.task_id))
+        task = parse_task(json.dumps(t.task), t.task_id)
+        missing = missing_parts(task)
+        if available is not None:
+            missing += unavailable_parts(task, available)
         if missing:
             skipped.append(SkippedTask(t.task_id, t.domain, missing))
         else:
@@ -118,7 +126,8 @@ def check_supported(
     if skipped and not skip_unsupported:
         lines = [f"  {s.domain}/{s.task_id}: {', '.join(s.missing)}" for s in skipped]
         raise SuiteError(
-            f"{source}: {len(skipped)} of {len(tasks)} tasks need what guirl does not implement:\n"
+            f"{source}: {len(skipped)} of {len(tasks)} tasks need what guirl does not implement or this "
+            f"run does not provide:\n"
             + "\n".join(lines)
             + "\nrun with --skip-unsupported to leave them out (they are listed as skipped, never scored)"
         )

@@ -20,6 +20,9 @@ from typing import Any
 from guirl.vmpool.tasks.metrics import media_av, media_pdf
 from guirl.vmpool.tasks.metrics.value_rules import match_value_to_rule
 
+REQUIRES = ("bs4", "lxml", "mutagen")
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 
 def _is_file(path: Any) -> bool:
     return isinstance(path, (str, os.PathLike)) and bool(path) and os.path.isfile(path)

@@ -24,6 +24,9 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+REQUIRES = ("cv2", "scipy", "soundfile", "soxr")
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 HASH_THRESHOLD = 5
 """Perceptual hashes differing by at most this many bits are the same picture (OSWorld's threshold)."""
 

@@ -25,6 +25,10 @@ from rapidfuzz import fuzz
 from guirl.vmpool.tasks.metrics import UnsupportedMetric
 from guirl.vmpool.tasks.metrics.media_av import HASH_THRESHOLD, phash_distance
 
+REQUIRES = ("pymupdf",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
+
 _RELATIONS = {"eq", "ne", "lt", "le", "gt", "ge"}
 
 # compare_archive's `file_type` -> the metric (by OSWorld's name) each pair of members is scored with

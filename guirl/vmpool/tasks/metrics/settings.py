@@ -21,6 +21,9 @@ from typing import Any
 
 from guirl.vmpool.tasks.metrics import settings_thunderbird, settings_vlc
 
+REQUIRES = ("pypdf",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 TEST_SUITE_TIMEOUT_S = 120.0
 """How long `check_python_file_by_test_suite` lets a task's test suite run before scoring it 0."""
 
@@ -140,6 +143,7 @@ def compare_zip_files(result: str | None, expected: str, **options: Any) -> floa
 # imports), calls its test function and writes the reference's score for its return value to argv[3].
 _RUNNER = """
 import importlib.util, json, os, sys
+
 path, name, out = sys.argv[1], sys.argv[2], sys.argv[3]
 score = 0.0
 try:

@@ -19,6 +19,9 @@ from rapidfuzz import fuzz
 
 from guirl.vmpool.tasks.metrics.value_rules import match_record, match_value_to_rule
 
+REQUIRES = ("lxml", "cssselect", "yaml")
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 
 def _read_text(path: str) -> str | None:
     try:

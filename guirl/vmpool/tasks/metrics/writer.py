@@ -24,10 +24,13 @@ from docx import Document
 from docx.enum.text import WD_PARAGRAPH_ALIGNMENT, WD_TAB_ALIGNMENT
 from docx.oxml.ns import qn
 from PIL import Image, UnidentifiedImageError
-from skimage.color import deltaE_ciede2000, rgb2lab
 
 from guirl.vmpool.tasks.metrics import writer_ocr, writer_text
 from guirl.vmpool.tasks.metrics.docs import compare_docx_files
+
+REQUIRES = ("skimage",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 
 _RED, _BLUE = (255, 0, 0), (0, 0, 255)
 _XCU_NS = {"oor": "http://openoffice.org/2001/registry"}
@@ -232,6 +235,8 @@ def evaluate_strike_through_last_paragraph(result: str | None, gold: str | None)
 
 def _delta_e(rgb: Any, target: tuple[int, int, int]) -> float:
     """CIEDE2000 distance between two sRGB colours, as the reference computes it (scikit-image)."""
+    from skimage.color import deltaE_ciede2000, rgb2lab
+
     lab1 = rgb2lab([c / 255.0 for c in rgb])
     lab2 = rgb2lab([c / 255.0 for c in target])
     return float(deltaE_ciede2000(lab1, lab2))

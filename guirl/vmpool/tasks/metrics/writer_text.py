@@ -14,11 +14,12 @@ from typing import Any
 
 import openpyxl
 from docx import Document
-from odf.namespaces import FONS, STYLENS, TEXTNS
-from odf.opendocument import load as load_odf
-from odf.text import P, Span
 
 from guirl.vmpool.tasks.metrics.docs import _collapsed, _similarity
+
+REQUIRES = ("odf",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 
 _YELLOW = "#ffff00"
 
@@ -121,6 +122,9 @@ def compare_unique_train_records(processed: str | None, expected: Any, **options
 def _odt_paragraphs(doc: Any) -> list[str]:
     """Every text:p of the document (footers included), as the reference reads them: text directly in
     the paragraph or directly in a span; fields, tabs and text:s spaces are left out."""
+    from odf.namespaces import TEXTNS
+    from odf.text import P
+
     out = []
     for paragraph in doc.getElementsByType(P):
         parts = []
@@ -143,6 +147,10 @@ def check_highlighted_words(result: str | None, gold: str | None) -> float:
     if not (result.endswith(".odt") and gold.endswith(".odt")):
         # the reference's text gate also accepts two .docx, but then fails to open them as .odt
         return 0.0
+    from odf.namespaces import FONS, STYLENS, TEXTNS
+    from odf.opendocument import load as load_odf
+    from odf.text import Span
+
     try:
         doc = load_odf(result)
     except Exception:  # odfpy raises zip, XML and KeyError alike for a non-document
