@@ -23,6 +23,9 @@ from guirl.actors.retry import retry_idempotent
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.tasks.files import fetch
 
+REQUIRES = ("playwright",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 if TYPE_CHECKING:  # setup.py registers these handlers: no import back at run time
     from guirl.vmpool.tasks.setup import TaskContext
 

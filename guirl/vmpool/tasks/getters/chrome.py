@@ -23,6 +23,9 @@ from guirl.vmpool.tasks.getters.base import Getter
 from guirl.vmpool.tasks.setup import TaskContext
 from guirl.vmpool.tasks.setup_chrome import BrowserUnavailable
 
+REQUIRES = ("lxml", "cssselect")
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 _AT_NS = {
     "st": "uri:deskat:state.at-spi.gnome.org",
     "attr": "uri:deskat:attributes.at-spi.gnome.org",

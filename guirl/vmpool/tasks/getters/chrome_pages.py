@@ -21,6 +21,9 @@ from guirl.vmpool.tasks.getters.chrome import active_url
 from guirl.vmpool.tasks.setup import TaskContext
 from guirl.vmpool.tasks.setup_chrome import PAGE_TIMEOUT_MS, BrowserUnavailable, default_context, devtools
 
+REQUIRES = ("playwright",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 SETTLE_MS = 10_000
 """How long a loaded page may take to go network-idle before it is read anyway."""
 ELEMENT_TIMEOUT_MS = 10_000

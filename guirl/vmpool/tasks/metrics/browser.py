@@ -17,6 +17,9 @@ from urllib.parse import ParseResult, urlparse, urlunparse
 
 from guirl.vmpool.tasks.metrics import UnsupportedMetric
 
+REQUIRES = ("tldextract",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 _SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+\-.]*://")
 
 
