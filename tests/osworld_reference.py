@@ -7,7 +7,8 @@ imported under its real name behind stub packages (so its `from .utils import ..
 `desktop_env/__init__` or `evaluators/metrics/__init__`, which import every metric's dependencies
 (easyocr and torch, playwright, librosa, ...). A module the reference imports at the top but the
 function under test never uses can be named in `absent`: it becomes a placeholder whose every attribute
-raises when used, so a test that does reach it fails loudly instead of scoring with a fake.
+raises when used, so a test that does reach it fails loudly instead of scoring with a fake; a module that
+is installed is imported for real instead.
 
 Tests never take expected values from guirl's code: each case states the score both implementations must
 give, or, for a deliberate difference, what the reference does and what guirl does instead.
@@ -73,6 +74,14 @@ def reference(module: str, absent: Iterable[str] = ()) -> types.ModuleType:
             package.__path__ = [str(root / sub)]
             sys.modules[name] = package
     for name in absent:
+        # only what is not installed: a placeholder for an installed module would outlive this test and
+        # break another family's (the stubs stay in sys.modules for the session)
+        try:
+            installed = importlib.util.find_spec(name.split(".")[0]) is not None
+        except ValueError:
+            installed = False
+        if installed:
+            continue
         if name not in sys.modules or isinstance(sys.modules[name], _Absent):
             parts = name.split(".")
             for i in range(1, len(parts) + 1):
