@@ -26,7 +26,7 @@ $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/sy
 # triton and GPU kernels; then the light packages their modules import
 $(VENV)/.stamp-test: $(VENV)/.stamp-runtime scripts/test-system-packages.txt scripts/sglang-test-requirements.txt
 	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" scripts/test-system-packages.txt
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,osworld]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps desktop-env==1.0.2
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps sglang==$(SGLANG_VERSION) xgrammar==$(XGRAMMAR_VERSION)
 	$(PY) -m pip install -q --disable-pip-version-check -r scripts/sglang-test-requirements.txt
