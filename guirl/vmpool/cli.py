@@ -1,8 +1,8 @@
 """`guirl vm`: a local VM for a person debugging a task, and the cloud reaper.
 
 guirl vm shot OUT.png                      start a desktop, save a screenshot, stop
-guirl vm run TASK.json [--solution S.jsonl] [--shots DIR] [--action JSON]...
-                                           set the task up, perform the actions, evaluate, print the score
+guirl vm run TASK.json [--solution S.jsonl] [--shots DIR] [--action JSON]... [--action-space S]
+        [--osworld-server MAIN.py]         set the task up, perform the actions, evaluate, print the score
 guirl vm reap --provider P [--run RUN] [--older-than D] [--dry-run] [--config FILE] [--set K=V]...
                                            terminate guirl's instances of runs that are gone (or past TTL)
 """
@@ -33,6 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help='one typed action as JSON (repeatable), e.g. \'{"type": "click", "x": 10, "y": 20}\'',
     )
     runp.add_argument("--shots", help="directory for a screenshot after each step")
+    runp.add_argument(
+        "--action-space",
+        choices=["computer_use", "pyautogui"],
+        default="computer_use",
+        help="typed actions through /action, or composed pyautogui programs through OSWorld's /execute",
+    )
+    runp.add_argument(
+        "--osworld-server",
+        metavar="MAIN_PY",
+        help="run OSWorld's own VM server (its main.py) on the desktop instead of guirl's",
+    )
     for p in (shot, runp):
         p.add_argument("--width", type=int, default=1920)
         p.add_argument("--height", type=int, default=1080)
@@ -137,7 +148,7 @@ async def _run(args: argparse.Namespace, root: str) -> int:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             print(f"guirl vm: --action {text!r}: {exc}", file=sys.stderr)
             return 2
-    provider = LocalProvider(root, width=args.width, height=args.height)
+    provider = LocalProvider(root, width=args.width, height=args.height, osworld_server=args.osworld_server)
     vm = await provider.create("cli")
     try:
         async with VMClient(provider.address(vm), timeout_s=120) as client:
@@ -149,7 +160,9 @@ async def _run(args: argparse.Namespace, root: str) -> int:
                 height=args.height,
             )
             ctx.cache_dir.mkdir(parents=True, exist_ok=True)
-            episode = await play(task, client, actions, ctx, keep_screenshots=bool(args.shots))
+            episode = await play(
+                task, client, actions, ctx, keep_screenshots=bool(args.shots), action_space=args.action_space
+            )
     finally:
         await provider.delete(vm)
     if args.shots:
@@ -159,7 +172,13 @@ async def _run(args: argparse.Namespace, root: str) -> int:
             (out / f"step{i:03d}.png").write_bytes(png)
     print(
         json.dumps(
-            {"task": task.id, "score": episode.score, "steps": episode.steps, "refused": episode.refused}
+            {
+                "task": task.id,
+                "score": episode.score,
+                "steps": episode.steps,
+                "refused": episode.refused,
+                "evaluation_errors": ctx.evaluation_errors,
+            }
         )
     )
     return 0
