@@ -102,17 +102,19 @@ PYAUTOGUI_PRELUDE = """\
 import sys, time
 import pyautogui
 pyautogui.FAILSAFE = False
+def _refuse(reason):
+    print(reason, file=sys.stderr)
+    raise SystemExit(3)
 def _on_screen(**point):
     w, h = pyautogui.size()
     for name, v in point.items():
         if not 0 <= v < (w if name.endswith('x') else h):
-            sys.exit(f'{name}={v} is off the {w}x{h} screen')
+            _refuse(f'{name}={v} is off the {w}x{h} screen')
 def _hotkey(*keys):
-    names = [k.lower() for k in keys]
-    unknown = [k for k in names if not pyautogui.isValidKey(k)]
+    unknown = [k for k in keys if not pyautogui.isValidKey(k.lower())]
     if unknown:
-        sys.exit(f'unknown key name(s) {unknown}')
-    pyautogui.hotkey(*names)
+        _refuse(f'unknown key name(s) {unknown}')
+    pyautogui.hotkey(*[k.lower() for k in keys])
 def _write(text):
     pieces = text.split('<')
     for i, piece in enumerate(pieces):
@@ -123,8 +125,13 @@ def _write(text):
 """
 """The fixed head of every program `to_pyautogui` writes. It refuses what guirl's `/action` refuses (a point
 off the screen, a key name pyautogui does not know: pyautogui itself would clamp the one and drop the
-other) by exiting non-zero with the reason, and types `<` as shift+comma (pyautogui types it as `>` on X,
-which OSWorld's own host also rewrites). It holds no value of the action: those follow it, as literals."""
+other) by exiting with status `PYAUTOGUI_REFUSED` and the reason on stderr, and types `<` as shift+comma
+(pyautogui types it as `>` on X, which OSWorld's own host also rewrites). It holds no value of the action:
+those follow it, as literals."""
+
+
+PYAUTOGUI_REFUSED = 3
+"""Exit status of a `to_pyautogui` program that refused its action (any other failure is the VM's)."""
 
 
 def to_pyautogui(action: AnyAction) -> str:
@@ -166,7 +173,9 @@ def _action_calls(action: AnyAction) -> str:
             fn = "hscroll" if h else "scroll"
             if x is not None and y is not None:
                 return _xy(x=x, y=y) + f"pyautogui.{fn}({_int(a)}, x={_int(x)}, y={_int(y)})"
-            return f"pyautogui.{fn}({_int(a)})"
+            # one coordinate alone is checked, as /action checks it, and scrolls where the pointer is
+            given = {k: v for k, v in (("x", x), ("y", y)) if v is not None}
+            return (_xy(**given) if given else "") + f"pyautogui.{fn}({_int(a)})"
         case TypeText(text=text):
             return f"_write({_str(text)})"
         case Hotkey(keys=keys):

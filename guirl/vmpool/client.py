@@ -17,7 +17,7 @@ import msgpack
 import msgspec
 
 from guirl.actors.retry import backoff_delays
-from guirl.agent.actions import AnyAction, to_pyautogui
+from guirl.agent.actions import PYAUTOGUI_REFUSED, AnyAction, to_pyautogui
 
 PYAUTOGUI_TIMEOUT_S = 130.0
 """How long one action's program may take through `/execute` (OSWorld's server gives it 120 s)."""
@@ -179,7 +179,7 @@ class VMClient:
         """True when the server and its display answer within `timeout_s`.
 
         guirl's server answers `/health`; OSWorld's has no such route (404), so its `/screen_size`, which
-        asks the display, stands in (remembered, so a probe costs one request either way)."""
+        asks the display, stands in (remembered for this client's later probes)."""
         try:
             if self._has_health:
                 try:
@@ -209,9 +209,16 @@ class VMClient:
         elif action_space not in ("computer_use", "pyautogui"):
             raise ValueError(f"unknown action space {action_space!r}")
         out = await self.execute(["python", "-c", to_pyautogui(action)], timeout_s=PYAUTOGUI_TIMEOUT_S)
-        ok = out.get("returncode", 0) == 0
-        error = "" if ok else _last_line(str(out.get("error") or out.get("output") or "failed"))
-        return ActionResult(ok=ok, error=error, screenshot=await self.screenshot() if screenshot else None)
+        code = out.get("returncode", 0)
+        reason = _last_line(str(out.get("error") or out.get("output") or "failed"))
+        if code not in (0, PYAUTOGUI_REFUSED):
+            # not a refusal of the action: the VM's (no display, no pyautogui), as /action answers 500
+            raise VMTransientError(
+                f"the action's program failed on the VM (exit status {code}): {reason}", 500
+            )
+        ok = code == 0
+        shot = await self.screenshot() if screenshot else None
+        return ActionResult(ok=ok, error="" if ok else reason, screenshot=shot)
 
     async def act(self, action: AnyAction, *, screenshot: bool = True) -> ActionResult:
         """Execute a typed action; the next screenshot comes in the same reply. Never retried. A refused

@@ -859,11 +859,19 @@ def test_deliberate_differences(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_test_suite_runs_outside_guirl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reference imports the task's test suite into its own process; guirl runs it in a separate
-    interpreter with a timeout, so a suite that hangs scores 0 instead of hanging the evaluator."""
+    """The reference imports the task's test suite (and the agent's code it imports) into its own process;
+    guirl runs it in a separate interpreter inside a sandbox with a timeout: it cannot see the host's files
+    or reach its network, and a suite that hangs scores 0 instead of hanging the evaluator."""
     here = _suite(tmp_path, f"import os\ndef test():\n    return os.getpid() == {os.getpid()}\n")
     assert VSCODE.check_python_file_by_test_suite([], here) == 1.0
     assert METRICS["check_python_file_by_test_suite"]([], here) == 0.0
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("secret")
+    peek = tmp_path / "peek"
+    peek.mkdir()
+    reads = _suite(peek, f"def test():\n    return open({str(secret)!r}).read() == 'secret'\n")
+    assert VSCODE.check_python_file_by_test_suite([], reads) == 1.0
+    assert METRICS["check_python_file_by_test_suite"]([], reads) == 0.0
     hang = tmp_path / "hang"
     hang.mkdir()
     monkeypatch.setattr(settings, "TEST_SUITE_TIMEOUT_S", 1.0)

@@ -116,6 +116,8 @@ def test_setup_download_and_evaluate(tmp_path):
             with pytest.raises(SetupError, match="missing.txt.*404"):
                 await run_setup(client, broken.config, ctx)
             with pytest.raises(SetupError, match="not implemented"):
+                await run_setup(client, task(config=[{"type": "no_such_step", "parameters": {}}]).config, ctx)
+            with pytest.raises(SetupError, match="set env.google_drive_settings"):
                 await run_setup(client, task(config=[{"type": "googledrive", "parameters": {}}]).config, ctx)
 
     run(main())
@@ -226,3 +228,46 @@ def test_an_evaluator_that_raises_scores_zero_and_only_a_silent_vm_is_an_environ
             assert len(ctx.evaluation_errors) == 1 and "postconfig" in ctx.evaluation_errors[0]
 
     run(main(), timeout=120)
+
+
+def test_a_gold_side_failure_is_never_the_policys_zero(tmp_path):
+    """An expected file that cannot be downloaded, or one the metric cannot score even against itself, is
+    the task's (or the evaluating host's) fault: `EvaluationError`, never a score of 0 to train on. A
+    result that cannot be scored against a good gold file is the policy's 0."""
+    import io
+
+    import docx
+
+    from guirl.vmpool.client import VMClient
+    from guirl.vmpool.tasks.evaluate import EvaluationError
+
+    page = io.BytesIO()
+    document = docx.Document()
+    document.add_paragraph("hello")
+    document.save(page)
+    files = {"answer.docx": page.getvalue(), "gold.docx": page.getvalue(), "broken.docx": b"not a document"}
+
+    def scored(url: str, result: str, gold: str) -> object:
+        return task(
+            id=f"{result}-{gold}",
+            evaluator={
+                "func": "compare_docx_files",
+                "result": {"type": "cloud_file", "path": f"{url}/{result}", "dest": "result.docx"},
+                "expected": {"type": "cloud_file", "path": f"{url}/{gold}", "dest": "gold.docx"},
+            },
+        )
+
+    async def main():
+        async with (
+            file_server(files) as (url, _hits),
+            VMClient(f"unix://{tmp_path}/no-vm.sock", retries=1) as unused,  # cloud files need no VM
+        ):
+            assert await evaluate(scored(url, "answer.docx", "gold.docx"), unused, _ctx(tmp_path, "a")) == 1.0
+            with pytest.raises(EvaluationError, match="expected value could not be obtained"):
+                await evaluate(scored(url, "answer.docx", "missing.docx"), unused, _ctx(tmp_path, "b"))
+            with pytest.raises(EvaluationError, match="cannot score the gold file against itself"):
+                await evaluate(scored(url, "answer.docx", "broken.docx"), unused, _ctx(tmp_path, "c"))
+            ctx = _ctx(tmp_path, "d")
+            assert await evaluate(scored(url, "broken.docx", "gold.docx"), unused, ctx) == 0.0
+
+    run(main(), timeout=60)

@@ -94,3 +94,33 @@ def test_osworld_route_shapes(tmp_path):
             assert await client.health()
 
     run(main())
+
+
+def test_a_pyautogui_program_that_fails_for_the_vms_reason_is_not_a_refusal(tmp_path):
+    """Through /execute, only the program's own refusal (exit status PYAUTOGUI_REFUSED: off screen, unknown
+    key) is the policy's; any other failure (here: the VM has no display) is the VM's fault, as /action
+    answers 500 for it, so the step is not recorded as refused."""
+    import os
+    import sys
+
+    import pytest
+    from aiohttp import web
+
+    from guirl.agent.actions import Click
+    from guirl.vmpool.client import VMTransientError
+    from guirl.vmpool.server.app import VMServer
+
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin", "HOME": str(tmp_path)}  # no DISPLAY
+
+    async def main():
+        runner = web.AppRunner(VMServer(None, env=env, home=str(tmp_path)).app())  # type: ignore[arg-type]
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with VMClient(f"http://127.0.0.1:{runner.addresses[0][1]}") as client:
+                with pytest.raises(VMTransientError, match="failed on the VM"):
+                    await client.perform(Click(x=1, y=1), action_space="pyautogui", screenshot=False)
+        finally:
+            await runner.cleanup()
+
+    run(main(), timeout=60)

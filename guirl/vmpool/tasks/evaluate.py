@@ -6,16 +6,18 @@ agent's last action was FAIL, and any other task scores 0 when it was.
 
 Faults, as OSWorld's runner records them: a metric or getter that raises on what the episode left behind
 scores 0 (the reason is kept in `ctx.evaluation_errors`), as does a getter whose request the VM answered
-with an error. Only a VM that does not answer, or answers that it cannot provide what is asked (501: no
-AT-SPI on this desktop), is an environment fault (`EvaluationError`: the episode is played again, never
-scored). A task whose getter or metric guirl lacks never gets here: suites are checked
-before a run (`guirl.vmpool.tasks.suite.check_supported`); reaching one anyway is an `EvaluationError`.
+with an error. The gold side is never the policy's: an expected value that cannot be fetched, a gold file
+the metric fails on, or a library this host lacks is an `EvaluationError`, as is a VM that does not answer
+or answers that it cannot provide what is asked (501: no AT-SPI on this desktop): the episode is played
+again, never scored. A task whose getter or metric guirl lacks never gets here: suites are checked before
+a run (`guirl.vmpool.tasks.suite.check_supported`); reaching one anyway is an `EvaluationError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 from guirl.agent.actions import Fail
@@ -69,26 +71,11 @@ async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
     for i, name in enumerate(funcs):
         try:
             metric = get_metric(name)
-            try:
-                result = await get(_at(ev.result, i, n), client, ctx)
-            except FileNotFoundError:
-                score = 0.0
-            else:
-                options = _at(ev.options, i, n) or {}
-                expected_cfg = _at(ev.expected, i, n)
-                # metrics read files (spreadsheets, documents): off the event loop
-                if expected_cfg:
-                    expected = await get(expected_cfg, client, ctx)
-                    score = float(await asyncio.to_thread(metric, result, expected, **options))
-                else:
-                    score = float(await asyncio.to_thread(metric, result, **options))
-        except (UnsupportedMetric, UnsupportedGetter) as exc:
+        except UnsupportedMetric as exc:
             raise EvaluationError(f"{task.id}: {exc}") from exc
-        except Exception as exc:
-            if _unreachable(exc):
-                raise EvaluationError(f"{task.id}: evaluator {name}: the VM did not answer: {exc}") from exc
-            _note(ctx, task, f"evaluator {name} failed: {type(exc).__name__}: {exc}")
-            score = 0.0
+        options = _at(ev.options, i, n) or {}
+        expected_cfg = _at(ev.expected, i, n)
+        score = await _score(task, name, metric, _at(ev.result, i, n), expected_cfg, options, client, ctx)
         if not 0.0 <= score <= 1.0:  # NaN included: a metric's bug must not become a reward
             _note(ctx, task, f"evaluator {name} gave {score!r}, outside [0, 1]: scored 0")
             score = 0.0
@@ -100,6 +87,78 @@ async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
     if not scores:
         return 0.0
     return sum(scores) / len(scores) if ev.conj == "and" else max(scores)
+
+
+async def _score(
+    task: Task,
+    name: str,
+    metric: Any,
+    result_cfg: Any,
+    expected_cfg: Any,
+    options: dict[str, Any],
+    client: VMClient,
+    ctx: TaskContext,
+) -> float:
+    """One metric's score. What the episode left behind (the result) can fail to be read or scored: that
+    scores 0. The gold side cannot: an expected value that cannot be fetched, a gold file the metric fails
+    on (its error names the file, or the metric fails on the gold file against itself), a library missing
+    on this host, are the task's or the host's faults."""
+    try:
+        result = await get(result_cfg, client, ctx)
+    except FileNotFoundError:
+        return 0.0
+    except UnsupportedGetter as exc:
+        raise EvaluationError(f"{task.id}: {exc}") from exc
+    except Exception as exc:
+        if _unreachable(exc):
+            raise EvaluationError(f"{task.id}: evaluator {name}: the VM did not answer: {exc}") from exc
+        _note(ctx, task, f"evaluator {name}: the result could not be read: {type(exc).__name__}: {exc}")
+        return 0.0
+    expected = None
+    if expected_cfg:
+        try:
+            expected = await get(expected_cfg, client, ctx)
+        except Exception as exc:
+            raise EvaluationError(
+                f"{task.id}: evaluator {name}: the expected value could not be obtained: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+    args = (result, expected) if expected_cfg else (result,)
+    try:
+        # metrics read files (spreadsheets, documents): off the event loop
+        return float(await asyncio.to_thread(metric, *args, **options))
+    except (UnsupportedMetric, ImportError) as exc:  # the task asks what guirl or this host lacks
+        raise EvaluationError(f"{task.id}: evaluator {name}: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        if _gold_files(expected) and (
+            _names_gold(exc, expected) or await _fails_on_itself(metric, expected, options)
+        ):
+            raise EvaluationError(
+                f"{task.id}: evaluator {name} cannot score the gold file against itself "
+                f"({type(exc).__name__}: {exc}): the task or this host is broken"
+            ) from exc
+        _note(ctx, task, f"evaluator {name} failed: {type(exc).__name__}: {exc}")
+        return 0.0
+
+
+def _names_gold(exc: BaseException, expected: Any) -> bool:
+    """The error is about a gold file: it names its path (a file that cannot be opened says which)."""
+    paths = expected if isinstance(expected, list) else [expected]
+    return any(str(p) in str(exc) for p in paths)
+
+
+def _gold_files(expected: Any) -> bool:
+    """`expected` is one or more files a getter brought here (a gold file the metric reads)."""
+    paths = expected if isinstance(expected, list) else [expected]
+    return bool(paths) and all(isinstance(p, str) and os.path.isfile(p) for p in paths)
+
+
+async def _fails_on_itself(metric: Any, expected: Any, options: dict[str, Any]) -> bool:
+    try:
+        await asyncio.to_thread(metric, expected, expected, **options)
+    except Exception:  # noqa: BLE001  (any failure on gold vs gold is the gold's or the host's)
+        return True
+    return False
 
 
 def _note(ctx: TaskContext, task: Task, what: str) -> None:

@@ -11,17 +11,19 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable, Mapping
 from difflib import SequenceMatcher
+from pathlib import Path
 from typing import Any
 
 from guirl.vmpool.tasks.metrics import settings_thunderbird, settings_vlc
 
-REQUIRES = ("pypdf",)
+REQUIRES = ("pypdf", "pygame")
 """Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
 
 TEST_SUITE_TIMEOUT_S = 120.0
@@ -173,32 +175,32 @@ def check_python_file_by_test_suite(result: Any, test_file: str | None, **option
     `test`) is called with the suite's directory as working directory and on `sys.path`; True is 1.0, a
     number is clamped to [0, 1], anything else counts by truthiness; an error or a timeout is 0.0.
 
-    The suite imports and runs code the agent wrote on the VM, so guirl never runs it in its own process:
-    it runs in a separate Python interpreter (this one's executable) with a timeout, an environment
-    without guirl's variables (credentials included) and a scratch HOME, and only the score comes back.
-    The suites of OSWorld's tasks import pygame (desktop-env depends on it): SDL is pointed at its dummy
-    video and audio drivers, as no display is meant for them. `result` (the fetched files) is unused, as
-    in the reference: the getters put them next to the suite.
+    The suite imports and runs code the agent wrote on the VM, so guirl never runs it in its own process,
+    nor with the host's files or network: it runs in a fresh Python interpreter inside a bubblewrap sandbox
+    (guirl's local-VM sandbox: read-only system and Python directories, a private home holding a copy of
+    the suite's directory, no network, dying with guirl), with a timeout; only the score comes back. The
+    agent's code and the suite share that interpreter, as in OSWorld, so the suite trusts what it imports.
+    The suites of OSWorld's tasks import pygame: SDL is pointed at its dummy video and audio drivers.
+    `result` (the fetched files) is unused, as in the reference: the getters put them next to the suite.
     """
+    from guirl.vmpool.sandbox import HOME, bwrap_argv
+
     name = options.get("test_function_name", "test")
     if not test_file or not os.path.isfile(test_file):
         return 0.0
     path = os.path.realpath(test_file)
     with tempfile.TemporaryDirectory(prefix="guirl-test-suite-") as tmp:
-        out = os.path.join(tmp, "score.json")
-        env = {
-            "PATH": os.environ.get("PATH", os.defpath),
-            "HOME": tmp,
-            "LANG": "C.UTF-8",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "SDL_VIDEODRIVER": "dummy",
-            "SDL_AUDIODRIVER": "dummy",
-        }
+        home = os.path.join(tmp, "home")
+        shutil.copytree(os.path.dirname(path), home, symlinks=True)
+        out = f"{HOME}/.guirl-score.json"
+        argv = bwrap_argv(
+            Path(tmp),
+            [sys.executable, "-c", _RUNNER, f"{HOME}/{os.path.basename(path)}", str(name), out],
+            env={"SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy", "PYTHONDONTWRITEBYTECODE": "1"},
+        )
         try:
             subprocess.run(
-                [sys.executable, "-c", _RUNNER, path, str(name), out],
-                cwd=os.path.dirname(path),
-                env=env,
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -208,7 +210,7 @@ def check_python_file_by_test_suite(result: Any, test_file: str | None, **option
         except subprocess.TimeoutExpired:
             return 0.0
         try:
-            with open(out) as f:
+            with open(os.path.join(home, ".guirl-score.json")) as f:
                 return float(json.load(f))
         except (OSError, ValueError):  # killed before writing (os._exit, a crash)
             return 0.0
