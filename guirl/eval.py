@@ -98,6 +98,7 @@ def run_settings(cfg: GuirlConfig) -> set[str]:
         devtools=env.provider != "local" and env.chromium_port > 0,
         drive=bool(env.google_drive_settings),
         account=bool(env.google_account),
+        atspi=env.provider != "local",
     )
 
 

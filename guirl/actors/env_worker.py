@@ -67,8 +67,6 @@ log = logging.getLogger(__name__)
 
 POLICY_ATTEMPTS = 8
 """Tries of one policy request (overloaded broker, broker restarting) before the episode is an env error."""
-"""How long one composed pyautogui program may run: the longest `wait` the parser allows, plus the
-interpreter's start-up and the action itself (a policy's long wait must not time out as a VM fault)."""
 
 
 class EnvFault(Exception):

@@ -20,7 +20,9 @@ from guirl.actors.retry import backoff_delays
 from guirl.agent.actions import PYAUTOGUI_REFUSED, AnyAction, to_pyautogui
 
 PYAUTOGUI_TIMEOUT_S = 130.0
-"""How long one action's program may take through `/execute` (OSWorld's server gives it 120 s)."""
+"""How long one action's program may take through `/execute` (OSWorld's server gives it 120 s): the longest
+`wait` the parser allows plus the interpreter's start-up, so a policy's long wait never times out as a VM
+fault."""
 
 
 class VMError(RuntimeError):

@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 SYSTEM_SITE = "/usr/lib/python3/dist-packages"
@@ -24,8 +25,11 @@ SYSTEM_SITE = "/usr/lib/python3/dist-packages"
 def load_app(main: Path) -> object:
     """The WSGI `app` of the server file `main`, imported under its own directory (for its `pyxcursor`)."""
     sys.path.insert(0, str(main.parent))
-    if os.path.isdir(SYSTEM_SITE) and SYSTEM_SITE not in sys.path:
-        sys.path.append(SYSTEM_SITE)  # last: the venv's packages win over Debian's
+    # last, so the venv's packages win over Debian's; and only when Debian's compiled modules (PyGObject,
+    # which pyatspi needs) were built for this very interpreter
+    soabi = sysconfig.get_config_var("SOABI")
+    if os.path.isfile(f"{SYSTEM_SITE}/gi/_gi.{soabi}.so") and SYSTEM_SITE not in sys.path:
+        sys.path.append(SYSTEM_SITE)
     spec = importlib.util.spec_from_file_location("osworld_vm_server", main)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot import {main}")

@@ -375,3 +375,40 @@ def test_a_metric_whose_library_is_missing_is_reported_with_the_extra(monkeypatc
     # in the test environment (`make setup-test` installs the extra) every registered one is importable
     for name, fn in METRICS.items():
         assert lacking_modules(fn) == [], name
+
+
+# guirl's own dependencies (setup.cfg install_requires), by import name: everything else a metric, getter or
+# setup step imports belongs to the `osworld` extra and must be declared, or a run would find it missing
+# only when a task is scored
+CORE_IMPORTS = {
+    "zmq", "msgspec", "msgpack", "uvloop", "aiohttp", "mss", "pyautogui", "Xlib", "openpyxl", "pandas",
+    "rapidfuzz", "docx", "pptx", "torch", "transformers", "safetensors", "PIL", "numpy", "pyarrow", "guirl",
+}  # fmt: skip
+
+
+def test_every_import_beyond_guirls_dependencies_is_declared() -> None:
+    """Read every module of the tasks package (not imported): each third-party module it imports, at the top
+    or inside a function, is a core dependency or in its `REQUIRES` (so `guirl eval` names what to install
+    before a run instead of a task failing when it is scored)."""
+    import ast
+    import sys
+
+    import guirl.vmpool.tasks as tasks_package
+
+    root = Path(tasks_package.__file__).parent
+    undeclared = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        declared: set[str] = set()
+        imported: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "REQUIRES" for t in node.targets):
+                declared = set(ast.literal_eval(node.value))
+            elif isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                imported.add(node.module.split(".")[0])
+        third_party = imported - CORE_IMPORTS - set(sys.stdlib_module_names) - {"__future__"}
+        if third_party - declared:
+            undeclared[str(path.relative_to(root))] = sorted(third_party - declared)
+    assert undeclared == {}

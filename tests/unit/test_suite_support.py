@@ -30,6 +30,15 @@ DRIVE = {
         {"type": "googledrive", "parameters": {"settings_file": "x", "operation": ["delete"], "args": [{}]}}
     ],
 }
+A11Y = {
+    **PLAIN,
+    "id": "a11y",
+    "evaluator": {
+        "func": "check_accessibility_tree",
+        "result": {"type": "accessibility_tree"},
+        "options": {},
+    },
+}
 UNKNOWN = {**PLAIN, "id": "unknown", "evaluator": {"func": "no_such_metric", "result": {"type": "rule"}}}
 
 
@@ -61,6 +70,14 @@ def test_tasks_needing_a_setting_the_run_lacks_name_the_setting() -> None:
         "serves and a local desktop cannot)"
     ]
     assert reasons["drive"] == ["setup:googledrive (needs env.google_drive_settings: PyDrive's settings.yml)"]
+    local = available_settings(devtools=False, drive=True, account=True, atspi=False)
+    _, skipped = check_supported(_tasks(PLAIN, A11Y), skip_unsupported=True, available=local)
+    assert [s.missing for s in skipped] == [
+        [
+            "getter:accessibility_tree (needs the desktop's accessibility tree (AT-SPI): OSWorld's image "
+            "has one, guirl's local desktops do not)"
+        ]
+    ]
     every = available_settings(devtools=True, drive=True, account=True)
     runnable, skipped = check_supported(tasks, skip_unsupported=False, available=every)
     assert len(runnable) == 3 and skipped == []

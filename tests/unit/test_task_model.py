@@ -66,3 +66,20 @@ def test_placeholders_are_substituted_in_osworld_order():
     )
     assert got == ["960x1080", "pw"]
     assert substitute("sudo -S {CLIENT_PASSWORD}", password="p", width=1, height=1) == "sudo -S p"
+
+
+@pytest.mark.parametrize(
+    "dest", ["/etc/passwd", "../../outside.txt", "a/../../b", "~/x", "", 3, ["ok.txt", "/abs"]]
+)
+def test_a_getters_dest_outside_the_tasks_cache_is_refused(dest):
+    """Getters write `dest` under the task's cache directory; a task file cannot make them write elsewhere."""
+    task = {
+        "id": "t",
+        "instruction": "x",
+        "config": [],
+        "evaluator": {"func": "exact_match", "result": {"type": "vm_file", "path": "/x", "dest": dest}},
+    }
+    with pytest.raises(TaskError, match=r"evaluator\.result\.dest .* must be a relative file name"):
+        parse_task(json.dumps(task))
+    task["evaluator"]["result"]["dest"] = "sub/ok.txt"
+    assert parse_task(json.dumps(task)).id == "t"

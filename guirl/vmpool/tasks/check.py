@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
+import types
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,10 +59,50 @@ EXTRA = "pip install 'guirl[osworld]'"
 """How to get the libraries OSWorld's metrics and getters need beyond guirl's own dependencies."""
 
 
+def required_modules(module_name: str) -> set[str]:
+    """What a module of guirl's tasks package declares it imports beyond guirl's dependencies (`REQUIRES`)
+    and the programs it runs (`REQUIRES_PROGRAMS`, as "program:NAME"), with what the tasks-package modules it
+    uses (its globals: modules, or functions defined there; not the packages) declare."""
+    seen: set[str] = set()
+    todo = [module_name]
+    needs: set[str] = set()
+    while todo:
+        name = todo.pop()
+        module = sys.modules.get(name)
+        if name in seen or module is None or hasattr(module, "__path__"):
+            continue  # a package's namespace holds every family: only modules are followed
+        seen.add(name)
+        needs.update(getattr(module, "REQUIRES", ()))
+        needs.update(f"program:{p}" for p in getattr(module, "REQUIRES_PROGRAMS", {}))
+        for value in vars(module).values():
+            used = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
+            if isinstance(used, str) and used.startswith("guirl.vmpool.tasks.") and used not in seen:
+                todo.append(used)
+    return needs
+
+
 def lacking_modules(fn: Callable[..., Any]) -> list[str]:
-    """The importable modules the function's module declares it needs (`REQUIRES`) that are not installed."""
-    module = sys.modules.get(getattr(fn, "__module__", ""))
-    return [m for m in getattr(module, "REQUIRES", ()) if importlib.util.find_spec(m) is None]
+    """What `fn` needs (`required_modules` of its module) that is not installed here."""
+    out = []
+    for need in sorted(required_modules(getattr(fn, "__module__", ""))):
+        if need.startswith("program:"):
+            if shutil.which(need.removeprefix("program:")) is None:
+                out.append(need)
+        elif importlib.util.find_spec(need) is None:
+            out.append(need)
+    return out
+
+
+def _install_hint(lacking: list[str]) -> str:
+    modules = [m for m in lacking if not m.startswith("program:")]
+    programs = [m.removeprefix("program:") for m in lacking if m.startswith("program:")]
+    hints = [f"{', '.join(modules)}: {EXTRA}"] if modules else []
+    hints += [f"the program {p} (Debian: {PROGRAMS.get(p, p)})" for p in programs]
+    return "; ".join(hints)
+
+
+PROGRAMS = {"tesseract": "apt-get install tesseract-ocr"}
+"""How to install the programs evaluators run on the evaluating host."""
 
 
 def missing_parts(task: Task) -> list[str]:
@@ -77,7 +119,7 @@ def missing_parts(task: Task) -> list[str]:
         if fn is None:
             out.append(f"{kind}:{name}")
         elif lacking := lacking_modules(fn):
-            out.append(f"{kind}:{name} (needs {', '.join(lacking)}: {EXTRA})")
+            out.append(f"{kind}:{name} (needs {_install_hint(lacking)})")
 
     for step in [*task.config, *task.evaluator.postconfig]:
         need("setup", step.type, _HANDLERS)
@@ -94,7 +136,10 @@ DEVTOOLS = (
 )
 DRIVE = "env.google_drive_settings: PyDrive's settings.yml"
 ACCOUNT = "env.google_account: the Google account's JSON file"
+ATSPI = "the desktop's accessibility tree (AT-SPI): OSWorld's image has one, guirl's local desktops do not"
 NEEDS_SETTINGS: dict[str, tuple[str, ...]] = {
+    "getter:accessibility_tree": (ATSPI,),
+    "getter:vm_terminal_output": (ATSPI,),
     "setup:chrome_open_tabs": (DEVTOOLS,),
     "setup:chrome_close_tabs": (DEVTOOLS,),
     "setup:login": (DEVTOOLS, ACCOUNT),
@@ -119,7 +164,7 @@ NEEDS_SETTINGS: dict[str, tuple[str, ...]] = {
         )
     },
 }
-"""What a setup step or getter needs besides code: a setting naming something only the user can provide."""
+"""What a setup step or getter needs besides code: what only the user's settings or the VM can provide."""
 
 
 def unavailable_parts(task: Task, available: set[str]) -> list[str]:
@@ -134,9 +179,10 @@ def unavailable_parts(task: Task, available: set[str]) -> list[str]:
     return out
 
 
-def available_settings(*, devtools: bool, drive: bool, account: bool) -> set[str]:
+def available_settings(*, devtools: bool, drive: bool, account: bool, atspi: bool = True) -> set[str]:
     """The `NEEDS_SETTINGS` a run's configuration provides."""
-    return {need for need, ok in ((DEVTOOLS, devtools), (DRIVE, drive), (ACCOUNT, account)) if ok}
+    given = ((DEVTOOLS, devtools), (DRIVE, drive), (ACCOUNT, account), (ATSPI, atspi))
+    return {need for need, ok in given if ok}
 
 
 def check(paths: list[Path]) -> CheckReport:

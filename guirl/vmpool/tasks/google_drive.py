@@ -18,6 +18,9 @@ import yaml
 from guirl.vmpool.tasks.files import fetch
 from guirl.vmpool.tasks.setup_chrome import BrowserUnavailable
 
+REQUIRES = ("yaml",)
+"""Modules beyond guirl's own dependencies that this module imports (PyYAML, in the `osworld` extra)."""
+
 API_ROOT = "https://www.googleapis.com"
 TOKEN_URI = "https://oauth2.googleapis.com/token"
 FOLDER = "application/vnd.google-apps.folder"
@@ -202,11 +205,15 @@ class GoogleDrive:
         if item is None:
             return None
         assert self._session is not None
-        async with self._session.get(
-            f"{self._api}/files/{item['id']}", params={"alt": "media"}, headers=self._headers
-        ) as resp:
-            if resp.status != 200:
-                return None
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(await resp.read())
+        url = f"{self._api}/files/{item['id']}"
+        try:
+            async with self._session.get(url, params={"alt": "media"}, headers=self._headers) as resp:
+                if resp.status == 404:  # listed, then gone: not there, as a level matching nothing
+                    return None
+                resp.raise_for_status()
+                data = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:  # the Drive, not the policy, failed
+            raise BrowserUnavailable(f"Google Drive: GET {url}: {exc}") from exc
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
         return dest

@@ -111,6 +111,16 @@ def _check_shape(task: Task, source: str) -> None:
                 raise TaskError(f"{source}: evaluator.result must be a list when func is a list")
     elif ev.func != "infeasible" and not isinstance(ev.result, dict):
         raise TaskError(f"{source}: evaluator.result must be a getter object (field evaluator.result)")
+    for name in ("result", "expected"):
+        value = getattr(ev, name)
+        for g in value if isinstance(value, list) else [value]:
+            dest = g.get("dest") if isinstance(g, dict) else None
+            for d in dest if isinstance(dest, list) else [dest]:
+                # getters write `dest` under the task's cache directory: nothing may name a place outside it
+                if d is not None and (
+                    not isinstance(d, str) or not d or d.startswith(("/", "~")) or ".." in Path(d).parts
+                ):
+                    raise TaskError(f"{source}: evaluator.{name}.dest {d!r} must be a relative file name")
     for where, steps in (("config", task.config), ("evaluator.postconfig", ev.postconfig)):
         for i, step in enumerate(steps):
             if step.type in ("execute", "command"):

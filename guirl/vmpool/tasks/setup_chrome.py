@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import sqlite3
 import tempfile
 import urllib.parse
@@ -23,7 +24,7 @@ from guirl.actors.retry import retry_idempotent
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.tasks.files import fetch
 
-REQUIRES = ("playwright",)
+REQUIRES = ("playwright", "yaml")
 """Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
 
 if TYPE_CHECKING:  # setup.py registers these handlers: no import back at run time
@@ -166,7 +167,9 @@ async def _update_browse_history(client: VMClient, ctx: TaskContext, history: li
         await asyncio.to_thread(add_history, db, history)
         target = f"{ctx.chrome_profile_dir}/Default/History"
         await client.upload(target, db.read_bytes())
-    await client.execute(["bash", "-c", f"chown -R user:user {target} 2>/dev/null || true"])
+    # the path may start with ~ (the home, from the shell's $HOME); the rest is quoted
+    home, rest = ('"$HOME"', target[1:]) if target.startswith("~/") else ("", target)
+    await client.execute(["bash", "-c", f"chown -R user:user {home}{shlex.quote(rest)} 2>/dev/null || true"])
 
 
 async def _googledrive(client: VMClient, ctx: TaskContext, **config: Any) -> None:

@@ -23,7 +23,7 @@ from guirl.vmpool.tasks.getters.base import Getter
 from guirl.vmpool.tasks.setup import TaskContext
 from guirl.vmpool.tasks.setup_chrome import BrowserUnavailable
 
-REQUIRES = ("lxml", "cssselect")
+REQUIRES = ("lxml", "cssselect", "yaml")
 """Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
 
 _AT_NS = {

@@ -25,6 +25,9 @@ from PIL import Image, ImageStat
 from guirl.vmpool.tasks.metrics import images_gimp
 from guirl.vmpool.tasks.metrics.images_gimp import open_image
 
+REQUIRES = ("skimage",)
+"""Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
+
 SSIM_WINDOW = 7
 """OSWorld's SSIM window (scikit-image's default); smaller pictures are never "the same structure"."""
 

@@ -21,6 +21,9 @@ from PIL import Image, ImageOps, ImageStat, UnidentifiedImageError
 
 from guirl.vmpool.tasks.metrics import UnsupportedMetric
 
+REQUIRES_PROGRAMS = {"tesseract": "tesseract-ocr"}
+"""Programs this module runs on the evaluating host, and their Debian packages."""
+
 _XWD_HEADER = struct.Struct(">25I")  # XWDFileHeader: 25 big-endian CARD32 fields, then the window name
 _XWD_COLOR_SIZE = 12  # one XWDColor colormap entry, which precedes the pixels
 _ZPIXMAP = 2
