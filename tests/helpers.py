@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import struct
+import subprocess
 from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,20 @@ class ServedInThread:
         asyncio.run_coroutine_threadsafe(self.fake.close(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+def osworld_dir() -> Path | None:
+    """OSWorld's files beside the checkout (`../shared/osworld`: its task suite and its VM server), or
+    `GUIRL_OSWORLD_DIR`. A clone made from a checkout on this machine finds them beside its origin."""
+    root = Path(__file__).resolve().parents[1]
+    candidates = [Path(os.environ["GUIRL_OSWORLD_DIR"])] if os.environ.get("GUIRL_OSWORLD_DIR") else []
+    candidates += [root.parent / "shared" / "osworld", root / "shared" / "osworld"]
+    try:
+        origin = subprocess.run(
+            ["git", "remote", "get-url", "origin"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        origin = ""
+    if origin and Path(origin).is_dir():
+        candidates.append(Path(origin).resolve().parent / "shared" / "osworld")
+    return next((c for c in candidates if (c / "server" / "main.py").is_file()), None)

@@ -2,9 +2,10 @@
 server of a local desktop (`LocalProvider(osworld_server=...)`: Xvfb, IceWM, a D-Bus session with AT-SPI,
 scrot for its screenshots), driven by guirl's real client, task setup, getters and both action spaces.
 
-The server file is read from `../shared/osworld/server/` beside the checkout (or `GUIRL_OSWORLD_DIR`); it is
-third-party code and is never copied into guirl. Expected values come from what OSWorld's server does (its
-README's measured facts) and from the shipped tasks' own evaluators, never from guirl's server.
+The server file is read from `../shared/osworld/server/` beside the checkout (or beside the checkout a clone
+was made from, or `GUIRL_OSWORLD_DIR`); it is third-party code and is never copied into guirl. Expected
+values come from what OSWorld's server does (its README's measured facts) and from the shipped tasks' own
+evaluators, never from guirl's server.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,11 +26,11 @@ from guirl.vmpool.runner import load_solution, play
 from guirl.vmpool.tasks.getters import get
 from guirl.vmpool.tasks.model import load_task
 from guirl.vmpool.tasks.setup import TaskContext
-from tests.helpers import run
+from tests.helpers import osworld_dir, run
 
 ROOT = Path(__file__).resolve().parents[2]
-OSWORLD = Path(os.environ.get("GUIRL_OSWORLD_DIR") or ROOT.parent / "shared" / "osworld")
-SERVER = OSWORLD / "server" / "main.py"
+OSWORLD = osworld_dir()
+SERVER = OSWORLD / "server" / "main.py" if OSWORLD else Path("../shared/osworld/server/main.py")
 SUITE = ROOT / "tasks" / "local"
 WIDTH, HEIGHT = 1024, 768
 
@@ -38,8 +38,8 @@ WIDTH, HEIGHT = 1024, 768
 @contextlib.asynccontextmanager
 async def osworld_desktop(root: Path) -> AsyncIterator[tuple[LocalProvider, str]]:
     """A local desktop whose VM server is OSWorld's (its asyncio processes belong to the running loop)."""
-    if not SERVER.is_file():
-        pytest.fail(f"OSWorld's VM server is not at {SERVER} (set GUIRL_OSWORLD_DIR)", pytrace=False)
+    if OSWORLD is None:
+        pytest.fail("OSWorld's files are not beside this checkout (../shared/osworld): set GUIRL_OSWORLD_DIR")
     provider = LocalProvider(root / "vms", width=WIDTH, height=HEIGHT, osworld_server=SERVER)
     vm = await provider.create("osworld")
     try:

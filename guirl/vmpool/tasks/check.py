@@ -6,6 +6,7 @@ A PATH is a task file, a directory of them (searched recursively), or an OSWorld
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import shutil
@@ -59,7 +60,8 @@ EXTRA = "pip install 'guirl[osworld]'"
 """How to get the libraries OSWorld's metrics and getters need beyond guirl's own dependencies."""
 
 
-def required_modules(module_name: str) -> set[str]:
+@functools.cache
+def required_modules(module_name: str) -> frozenset[str]:
     """What a module of guirl's tasks package declares it imports beyond guirl's dependencies (`REQUIRES`)
     and the programs it runs (`REQUIRES_PROGRAMS`, as "program:NAME"), with what the tasks-package modules it
     uses (its globals: modules, or functions defined there; not the packages) declare."""
@@ -78,7 +80,7 @@ def required_modules(module_name: str) -> set[str]:
             used = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
             if isinstance(used, str) and used.startswith("guirl.vmpool.tasks.") and used not in seen:
                 todo.append(used)
-    return needs
+    return frozenset(needs)
 
 
 def lacking_modules(fn: Callable[..., Any]) -> list[str]:
