@@ -469,11 +469,11 @@ def test_no_devtools_endpoint_is_an_environment_error(browser: Browser) -> None:
     bare = TaskContext(
         task_id="t", cache_dir=browser.ctx.cache_dir, download_cache=browser.ctx.download_cache
     )
-    with pytest.raises(BrowserUnavailable, match="devtools_url"):
+    with pytest.raises(BrowserUnavailable, match="env.chromium_port"):
         browser.run(HANDLERS["chrome_open_tabs"](browser.client, bare, urls_to_open=["http://127.0.0.1:1/"]))
-    with pytest.raises(BrowserUnavailable, match="devtools_url"):
+    with pytest.raises(BrowserUnavailable, match="env.chromium_port"):
         browser.run(GETTERS["open_tabs_info"]({"type": "open_tabs_info"}, browser.client, bare))
-    with pytest.raises(BrowserUnavailable, match="devtools_url"):  # no AT-SPI on guirl's VM, no DevTools
+    with pytest.raises(BrowserUnavailable, match="env.chromium_port"):  # no AT-SPI on guirl's VM, no DevTools
         browser.run(GETTERS["active_tab_info"]({"type": "active_tab_info"}, browser.client, bare))
     with pytest.raises(BrowserUnavailable, match="google_drive_settings"):
         browser.run(HANDLERS["googledrive"](browser.client, bare, operation=["delete"], args=[{"query": ""}]))
