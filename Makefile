@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 export TORCH_SPEC
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test`, each taking whole files (TEST_WORKERS=0: one process)
+TEST_WORKERS ?= 2
 # The SGLang release whose own code tests/contract and the SGLang stand-in run (setup.cfg's `gpu` extra admits
 # the releases guirl was checked against); xgrammar at the version that release pins
 SGLANG_VERSION ?= 0.5.23
@@ -45,7 +47,7 @@ demo-eval: setup
 	$(VENV)/bin/guirl eval --config configs/local_eval.toml $(ARGS)
 
 test: setup-test
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup-test
 	$(PY) bench/transport.py

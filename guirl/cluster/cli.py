@@ -110,7 +110,10 @@ def launch(spec: ClusterFile, args: argparse.Namespace) -> int:
     async def run() -> dict:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, task.cancel)  # as Ctrl-C: an orderly teardown
+        # an orderly teardown on Ctrl-C and SIGTERM alike, even when started with SIGINT ignored (a
+        # background job of a script inherits that, and Python then raises no KeyboardInterrupt)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
         if args.mode == "eval" or (args.mode == "gui-r1" and not cfg.data.train):
             from guirl.eval import run_eval
 
