@@ -102,6 +102,7 @@ PYAUTOGUI_PRELUDE = """\
 import sys, time
 import pyautogui
 pyautogui.FAILSAFE = False
+pyautogui.PAUSE = 0
 def _refuse(reason):
     print(reason, file=sys.stderr)
     raise SystemExit(3)

@@ -132,6 +132,9 @@ def launch(spec: ClusterFile, args: argparse.Namespace) -> int:
     except EvalError as exc:
         print(f"launch_cluster: {exc}", file=sys.stderr)
     finally:
+        # the teardown itself is not interrupted by a second Ctrl-C (the loop's handlers are gone by now)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         left = sweep(spec)
         print(f"[cluster] {name} torn down on {len(spec.used_hosts())} host(s){left}", file=sys.stderr)
         for path in (state_path(name), control_path(name)):

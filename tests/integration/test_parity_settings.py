@@ -872,6 +872,13 @@ def test_test_suite_runs_outside_guirl(tmp_path: Path, monkeypatch: pytest.Monke
     reads = _suite(peek, f"def test():\n    return open({str(secret)!r}).read() == 'secret'\n")
     assert VSCODE.check_python_file_by_test_suite([], reads) == 1.0
     assert METRICS["check_python_file_by_test_suite"]([], reads) == 0.0
+    # the agent's code shares the sandbox: a pipe or a link where the score goes neither hangs nor feeds
+    # the evaluator, it scores 0
+    for trap in ("os.mkfifo(out)", "os.symlink('/dev/zero', out)"):
+        rigged = tmp_path / f"rigged{len(trap)}"
+        rigged.mkdir()
+        body = f"import os, sys\ndef test():\n    out = sys.argv[3]\n    {trap}\n    os._exit(0)\n"
+        assert METRICS["check_python_file_by_test_suite"]([], _suite(rigged, body)) == 0.0
     hang = tmp_path / "hang"
     hang.mkdir()
     monkeypatch.setattr(settings, "TEST_SUITE_TIMEOUT_S", 1.0)

@@ -220,7 +220,7 @@ def test_an_evaluator_that_raises_scores_zero_and_only_a_silent_vm_is_an_environ
             assert len(ctx.evaluation_errors) == 1 and "TypeError" in ctx.evaluation_errors[0]
             with pytest.raises(EvaluationError, match="did not answer"):
                 await evaluate(silent, gone, _ctx(tmp_path, "silent"))
-            with pytest.raises(EvaluationError, match="did not answer"):
+            with pytest.raises(EvaluationError, match="postconfig.*Cannot connect"):
                 await evaluate(refused_post, gone, _ctx(tmp_path, "post-gone"))
         async with local_vm(tmp_path) as (_p, _v, client):
             ctx = _ctx(tmp_path, "post")
@@ -269,5 +269,20 @@ def test_a_gold_side_failure_is_never_the_policys_zero(tmp_path):
                 await evaluate(scored(url, "answer.docx", "broken.docx"), unused, _ctx(tmp_path, "c"))
             ctx = _ctx(tmp_path, "d")
             assert await evaluate(scored(url, "broken.docx", "gold.docx"), unused, ctx) == 0.0
+        # an `expected` read from the VM (an original on the Desktop the policy may have overwritten) is not
+        # gold: the metric failing on it is the policy's 0
+        async with local_vm(tmp_path) as (_p, _v, client):
+            await client.upload("/home/user/answer.docx", files["answer.docx"])
+            await client.upload("/home/user/original.docx", files["broken.docx"])
+            on_vm = task(
+                id="on-vm",
+                evaluator={
+                    "func": "compare_docx_files",
+                    "result": {"type": "vm_file", "path": "/home/user/answer.docx", "dest": "a.docx"},
+                    "expected": {"type": "vm_file", "path": "/home/user/original.docx", "dest": "o.docx"},
+                },
+            )
+            ctx = _ctx(tmp_path, "e")
+            assert await evaluate(on_vm, client, ctx) == 0.0 and len(ctx.evaluation_errors) == 1
 
     run(main(), timeout=60)

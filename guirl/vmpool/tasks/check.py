@@ -60,33 +60,52 @@ EXTRA = "pip install 'guirl[osworld]'"
 """How to get the libraries OSWorld's metrics and getters need beyond guirl's own dependencies."""
 
 
+def _module_needs(name: str) -> set[str]:
+    module = sys.modules.get(name)
+    needs = set(getattr(module, "REQUIRES", ()))
+    return needs | {f"program:{p}" for p in getattr(module, "REQUIRES_PROGRAMS", {})}
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:  # nested functions, comprehensions, lambdas
+        if isinstance(const, types.CodeType):
+            names |= _code_names(const)
+    return names
+
+
 @functools.cache
-def required_modules(module_name: str) -> frozenset[str]:
-    """What a module of guirl's tasks package declares it imports beyond guirl's dependencies (`REQUIRES`)
-    and the programs it runs (`REQUIRES_PROGRAMS`, as "program:NAME"), with what the tasks-package modules it
-    uses (its globals: modules, or functions defined there; not the packages) declare."""
-    seen: set[str] = set()
-    todo = [module_name]
+def required_modules(fn: Callable[..., Any]) -> frozenset[str]:
+    """What `fn` needs beyond guirl's dependencies: what its module declares it imports (`REQUIRES`) and
+    runs (`REQUIRES_PROGRAMS`, as "program:NAME"), and the same for the functions and modules of guirl's
+    tasks package that `fn` (and they, in turn) refer to. Per function: a module that merely imports
+    another family's module does not inherit its needs."""
     needs: set[str] = set()
+    seen: set[int] = set()
+    todo = [fn]
     while todo:
-        name = todo.pop()
-        module = sys.modules.get(name)
-        if name in seen or module is None or hasattr(module, "__path__"):
-            continue  # a package's namespace holds every family: only modules are followed
-        seen.add(name)
-        needs.update(getattr(module, "REQUIRES", ()))
-        needs.update(f"program:{p}" for p in getattr(module, "REQUIRES_PROGRAMS", {}))
-        for value in vars(module).values():
-            used = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", "")
-            if isinstance(used, str) and used.startswith("guirl.vmpool.tasks.") and used not in seen:
-                todo.append(used)
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        needs |= _module_needs(getattr(f, "__module__", ""))
+        code, scope = getattr(f, "__code__", None), getattr(f, "__globals__", {})
+        if code is None:
+            continue
+        for name in _code_names(code):
+            value = scope.get(name)
+            if isinstance(value, types.ModuleType):
+                if value.__name__.startswith("guirl.vmpool.tasks.") and not hasattr(value, "__path__"):
+                    needs |= _module_needs(value.__name__)
+            elif isinstance(value, types.FunctionType) and value.__module__.startswith("guirl.vmpool.tasks."):
+                todo.append(value)
     return frozenset(needs)
 
 
 def lacking_modules(fn: Callable[..., Any]) -> list[str]:
     """What `fn` needs (`required_modules` of its module) that is not installed here."""
     out = []
-    for need in sorted(required_modules(getattr(fn, "__module__", ""))):
+    for need in sorted(required_modules(fn)):
         if need.startswith("program:"):
             if shutil.which(need.removeprefix("program:")) is None:
                 out.append(need)
@@ -103,7 +122,7 @@ def _install_hint(lacking: list[str]) -> str:
     return "; ".join(hints)
 
 
-PROGRAMS = {"tesseract": "apt-get install tesseract-ocr"}
+PROGRAMS = {"tesseract": "apt-get install tesseract-ocr", "bwrap": "apt-get install bubblewrap"}
 """How to install the programs evaluators run on the evaluating host."""
 
 
@@ -139,9 +158,11 @@ DEVTOOLS = (
 DRIVE = "env.google_drive_settings: PyDrive's settings.yml"
 ACCOUNT = "env.google_account: the Google account's JSON file"
 ATSPI = "the desktop's accessibility tree (AT-SPI): OSWorld's image has one, guirl's local desktops do not"
+WALLPAPER = "GNOME's wallpaper setting, which OSWorld's image has and guirl's local desktops (IceWM) do not"
 NEEDS_SETTINGS: dict[str, tuple[str, ...]] = {
     "getter:accessibility_tree": (ATSPI,),
     "getter:vm_terminal_output": (ATSPI,),
+    "getter:vm_wallpaper": (WALLPAPER,),
     "setup:chrome_open_tabs": (DEVTOOLS,),
     "setup:chrome_close_tabs": (DEVTOOLS,),
     "setup:login": (DEVTOOLS, ACCOUNT),
@@ -183,7 +204,8 @@ def unavailable_parts(task: Task, available: set[str]) -> list[str]:
 
 def available_settings(*, devtools: bool, drive: bool, account: bool, atspi: bool = True) -> set[str]:
     """The `NEEDS_SETTINGS` a run's configuration provides."""
-    given = ((DEVTOOLS, devtools), (DRIVE, drive), (ACCOUNT, account), (ATSPI, atspi))
+    # AT-SPI and GNOME's settings come with OSWorld's desktop image, which every cloud VM boots
+    given = ((DEVTOOLS, devtools), (DRIVE, drive), (ACCOUNT, account), (ATSPI, atspi), (WALLPAPER, atspi))
     return {need for need, ok in given if ok}
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from guirl.agent.actions import Fail
 from guirl.vmpool.client import VMClient, VMError
+from guirl.vmpool.sandbox import SandboxError
+from guirl.vmpool.tasks.files import FetchError
 from guirl.vmpool.tasks.getters import UnsupportedGetter, get
 from guirl.vmpool.tasks.metrics import UnsupportedMetric, get_metric
 from guirl.vmpool.tasks.model import Task
@@ -57,9 +59,10 @@ async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
     try:
         await run_setup(client, ev.postconfig, ctx, where="evaluator.postconfig")
     except SetupError as exc:
-        # OSWorld's setup controller logs a failed step and goes on to score; a VM that is gone cannot be
-        if _unreachable(exc.__cause__ or exc):
-            raise EvaluationError(f"{task.id}: postconfig: the VM did not answer: {exc}") from exc
+        # OSWorld's setup controller logs a failed step and goes on to score; a VM that is gone cannot be,
+        # nor a gold file or checker the step downloads on the host
+        if _unreachable(exc.__cause__ or exc) or isinstance(exc.__cause__, FetchError):
+            raise EvaluationError(f"{task.id}: postconfig: {exc}") from exc
         _note(ctx, task, f"postconfig: {exc}")
     if task.infeasible:
         return 1.0 if _failed(ctx.actions) else 0.0
@@ -115,23 +118,33 @@ async def _score(
         _note(ctx, task, f"evaluator {name}: the result could not be read: {type(exc).__name__}: {exc}")
         return 0.0
     expected = None
+    # only what the host holds is gold; an `expected` read from the VM (the original on the Desktop, the
+    # agent's own output) may be what the policy spoiled
+    gold = bool(expected_cfg) and isinstance(expected_cfg, dict) and expected_cfg.get("type") in GOLD_GETTERS
     if expected_cfg:
         try:
             expected = await get(expected_cfg, client, ctx)
+        except UnsupportedGetter as exc:
+            raise EvaluationError(f"{task.id}: {exc}") from exc
         except Exception as exc:
-            raise EvaluationError(
-                f"{task.id}: evaluator {name}: the expected value could not be obtained: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+            if gold or _unreachable(exc):
+                raise EvaluationError(
+                    f"{task.id}: evaluator {name}: the expected value could not be obtained: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            _note(ctx, task, f"evaluator {name}: the expected value could not be read: {type(exc).__name__}")
+            return 0.0
     args = (result, expected) if expected_cfg else (result,)
     try:
         # metrics read files (spreadsheets, documents): off the event loop
         return float(await asyncio.to_thread(metric, *args, **options))
-    except (UnsupportedMetric, ImportError) as exc:  # the task asks what guirl or this host lacks
+    except (UnsupportedMetric, ImportError, SandboxError) as exc:  # what guirl or this host lacks
         raise EvaluationError(f"{task.id}: evaluator {name}: {type(exc).__name__}: {exc}") from exc
     except Exception as exc:
-        if _gold_files(expected) and (
-            _names_gold(exc, expected) or await _fails_on_itself(metric, expected, options)
+        if (
+            gold
+            and _gold_files(expected)
+            and (_names_gold(exc, expected) or await _fails_on_itself(metric, expected, options))
         ):
             raise EvaluationError(
                 f"{task.id}: evaluator {name} cannot score the gold file against itself "
@@ -139,6 +152,10 @@ async def _score(
             ) from exc
         _note(ctx, task, f"evaluator {name} failed: {type(exc).__name__}: {exc}")
         return 0.0
+
+
+GOLD_GETTERS = frozenset({"cloud_file", "cache_file", "rule", "rule_relativeTime"})
+"""Expected-value getters that read nothing of the VM: what they give is the gold, never the policy's."""
 
 
 def _names_gold(exc: BaseException, expected: Any) -> bool:

@@ -210,6 +210,8 @@ class GoogleDrive:
             async with self._session.get(url, params={"alt": "media"}, headers=self._headers) as resp:
                 if resp.status == 404:  # listed, then gone: not there, as a level matching nothing
                     return None
+                if resp.status == 403 and "fileNotDownloadable" in await resp.text():
+                    return None  # a folder or a Google Doc where a file was expected: what the agent left
                 resp.raise_for_status()
                 data = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as exc:  # the Drive, not the policy, failed

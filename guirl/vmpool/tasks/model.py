@@ -115,6 +115,8 @@ def _check_shape(task: Task, source: str) -> None:
         value = getattr(ev, name)
         for g in value if isinstance(value, list) else [value]:
             dest = g.get("dest") if isinstance(g, dict) else None
+            if isinstance(g, dict) and g.get("type") == "cache_file":  # a path inside the cache, too
+                dest = g.get("path")
             for d in dest if isinstance(dest, list) else [dest]:
                 # getters write `dest` under the task's cache directory: nothing may name a place outside it
                 if d is not None and (

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,8 @@ from typing import Any
 from guirl.vmpool.tasks.metrics import settings_thunderbird, settings_vlc
 
 REQUIRES = ("pypdf", "pygame")
+REQUIRES_PROGRAMS = {"bwrap": "bubblewrap"}
+"""Programs run on the evaluating host (the test-suite metric's sandbox), and their Debian packages."""
 """Modules beyond guirl's own dependencies that this module's functions import (the `osworld` extra)."""
 
 TEST_SUITE_TIMEOUT_S = 120.0
@@ -183,7 +187,7 @@ def check_python_file_by_test_suite(result: Any, test_file: str | None, **option
     The suites of OSWorld's tasks import pygame: SDL is pointed at its dummy video and audio drivers.
     `result` (the fetched files) is unused, as in the reference: the getters put them next to the suite.
     """
-    from guirl.vmpool.sandbox import HOME, bwrap_argv
+    from guirl.vmpool.sandbox import HOME, SandboxError, bwrap_argv
 
     name = options.get("test_function_name", "test")
     if not test_file or not os.path.isfile(test_file):
@@ -199,21 +203,41 @@ def check_python_file_by_test_suite(result: Any, test_file: str | None, **option
             env={"SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy", "PYTHONDONTWRITEBYTECODE": "1"},
         )
         try:
-            subprocess.run(
+            done = subprocess.run(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
                 timeout=TEST_SUITE_TIMEOUT_S,
                 check=False,
             )
         except subprocess.TimeoutExpired:
             return 0.0
-        try:
-            with open(os.path.join(home, ".guirl-score.json")) as f:
-                return float(json.load(f))
-        except (OSError, ValueError):  # killed before writing (os._exit, a crash)
-            return 0.0
+        score = _read_score(os.path.join(home, ".guirl-score.json"))
+        if score is None and done.returncode != 0 and done.stderr.startswith(b"bwrap:"):
+            # the sandbox itself could not start (no user namespaces here): the host's fault, not a score
+            raise SandboxError(
+                f"the test suite's sandbox did not start: {done.stderr[:300].decode(errors='replace')}"
+            )
+        return 0.0 if score is None else score
+
+
+def _read_score(path: str) -> float | None:
+    """The score the runner wrote, read as the untrusted file it is (the agent's code shares the sandbox):
+    a regular file only, not followed through a link, not waited on as a pipe, at most 64 bytes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:  # killed before writing (os._exit, a crash), or not a plain file
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        score = float(json.loads(os.read(fd, 64)))
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return min(1.0, max(0.0, score)) if math.isfinite(score) else None
 
 
 METRICS: dict[str, Callable[..., float]] = {
