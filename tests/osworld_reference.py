@@ -22,6 +22,7 @@ import sys
 import types
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,19 @@ def reference(module: str, absent: Iterable[str] = ()) -> types.ModuleType:
         del sys.modules[full]
         raise
     return mod
+
+
+def both(name: str, module: types.ModuleType, want: float, *args: Any, **kwargs: Any) -> None:
+    """guirl's metric `name` and the reference module's give `want` for the same arguments."""
+    from guirl.vmpool.tasks.metrics import METRICS
+
+    ours = METRICS[name](*args, **kwargs)
+    theirs = getattr(module, name)(*args, **kwargs)
+    assert ours == pytest.approx(want), f"guirl {name}{args!r} = {ours}"
+    assert theirs == pytest.approx(want), f"reference {name}{args!r} = {theirs}"
+
+
+def write(path: Path, text: str) -> str:
+    """Write a UTF-8 text file; its path as a string (what getters hand metrics)."""
+    path.write_text(text, encoding="utf-8")
+    return str(path)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,11 +26,11 @@ from guirl.vmpool.tasks.getters import get
 from guirl.vmpool.tasks.model import load_task
 from guirl.vmpool.tasks.setup import TaskContext
 from tests.helpers import osworld_dir, run
+from tests.integration.test_shipped_tasks import SUITE, _suite
 
 ROOT = Path(__file__).resolve().parents[2]
 OSWORLD = osworld_dir()
 SERVER = OSWORLD / "server" / "main.py" if OSWORLD else Path("../shared/osworld/server/main.py")
-SUITE = ROOT / "tasks" / "local"
 WIDTH, HEIGHT = 1024, 768
 
 
@@ -58,14 +57,6 @@ def _ctx(tmp_path: Path, name: str) -> TaskContext:
     )
     ctx.cache_dir.mkdir(parents=True)
     return ctx
-
-
-def _suite() -> list[tuple[str, Path]]:
-    out = []
-    for meta in ("test.json", "train.json"):
-        for domain, ids in json.loads((SUITE / meta).read_text()).items():
-            out += [(i, SUITE / "examples" / domain / f"{i}.json") for i in ids]
-    return out
 
 
 def test_the_server_is_osworlds_and_guirl_sees_it_ready(tmp_path):

@@ -31,24 +31,11 @@ from guirl.vmpool.local import LocalProvider
 from guirl.vmpool.tasks.getters import apps_vlc_vscode, get
 from guirl.vmpool.tasks.metrics import METRICS, settings
 from guirl.vmpool.tasks.setup import TaskContext
-from tests.osworld_reference import reference
+from tests.osworld_reference import both, reference, write
 
 VSCODE = reference("metrics.vscode")
 THUNDERBIRD = reference("metrics.thunderbird")
 VLC = reference("metrics.vlc", absent=["acoustid"])  # imported by its audio comparison only
-
-
-def both(name: str, module: Any, want: float, *args: Any, **kwargs: Any) -> None:
-    """guirl's metric `name` and the reference's give `want` for the same arguments."""
-    ours = METRICS[name](*args, **kwargs)
-    theirs = getattr(module, name)(*args, **kwargs)
-    assert ours == pytest.approx(want), f"guirl {name}{args!r} = {ours}"
-    assert theirs == pytest.approx(want), f"reference {name}{args!r} = {theirs}"
-
-
-def write(path: Path, text: str) -> str:
-    path.write_text(text, encoding="utf-8")
-    return str(path)
 
 
 # -- VS Code -------------------------------------------------------------------------------------------

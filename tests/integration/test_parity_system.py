@@ -21,23 +21,10 @@ import pytest
 import yaml
 
 from guirl.vmpool.tasks.metrics import METRICS
-from tests.osworld_reference import reference
+from tests.osworld_reference import both, reference, write
 
 GENERAL = reference("metrics.general")
 BASIC_OS = reference("metrics.basic_os")
-
-
-def both(name: str, module: Any, want: float, *args: Any, **kwargs: Any) -> None:
-    """guirl's metric `name` and the reference's give `want` for the same arguments."""
-    ours = METRICS[name](*args, **kwargs)
-    theirs = getattr(module, name)(*args, **kwargs)
-    assert ours == pytest.approx(want), f"guirl {name}{args!r} = {ours}"
-    assert theirs == pytest.approx(want), f"reference {name}{args!r} = {theirs}"
-
-
-def write(path: Path, text: str) -> str:
-    path.write_text(text, encoding="utf-8")
-    return str(path)
 
 
 # -- files ---------------------------------------------------------------------------------------------
