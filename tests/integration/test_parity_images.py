@@ -15,7 +15,6 @@ Each case states the score both implementations must give; the deliberate differ
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -36,17 +35,9 @@ from guirl.vmpool.tasks.setup import TaskContext
 from tests.helpers import run
 from tests.osworld_reference import reference
 
-
-def _absent(*modules: str) -> list[str]:
-    """The reference's imports that are not installed (an installed one is imported for real: a stub would
-    stay in sys.modules for other parity tests that need it)."""
-    return [m for m in modules if importlib.util.find_spec(m) is None]
-
-
-GIMP_REF = reference("metrics.gimp", absent=_absent("cv2"))
-VLC_REF = reference(
-    "metrics.vlc", absent=_absent("acoustid", "cv2", "imagehash", "librosa", "fastdtw", "scipy")
-)
+# `reference` stubs only what is not installed (an installed module is imported for real)
+GIMP_REF = reference("metrics.gimp", absent=["cv2"])
+VLC_REF = reference("metrics.vlc", absent=["acoustid", "cv2", "imagehash", "librosa", "fastdtw", "scipy"])
 
 
 def _ref(name: str) -> Any:

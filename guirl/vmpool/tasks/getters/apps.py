@@ -6,7 +6,7 @@ from typing import Any
 
 from guirl.vmpool.client import VMClient
 from guirl.vmpool.tasks.getters import apps_vlc_vscode
-from guirl.vmpool.tasks.getters.base import Getter
+from guirl.vmpool.tasks.getters.base import Getter, save
 from guirl.vmpool.tasks.setup import TaskContext
 
 GIMP_CONFIG_DIR = "~/.config/GIMP/2.10"
@@ -20,9 +20,7 @@ async def gimp_config_file(config: dict[str, Any], client: VMClient, ctx: TaskCo
     data = await client.get_file(f"{GIMP_CONFIG_DIR}/{config['file_name']}")
     if not data:
         return None
-    local = ctx.cache_dir / config["dest"]
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(data)
+    local = save(ctx, config["dest"], data)
     return str(local)
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from guirl.vmpool.client import VMClient, VMFatalError
-from guirl.vmpool.tasks.getters.base import Getter
+from guirl.vmpool.tasks.getters.base import Getter, save
 from guirl.vmpool.tasks.setup import TaskContext
 
 VLC_CONFIG = "~/.config/vlc/vlcrc"
@@ -74,9 +74,7 @@ with ThreadPoolExecutor(16) as pool:
 
 
 def _save(ctx: TaskContext, dest: str, data: bytes) -> str:
-    local = ctx.cache_dir / dest
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(data)
+    local = save(ctx, dest, data)
     return str(local)
 
 

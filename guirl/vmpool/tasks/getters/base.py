@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from guirl.vmpool.client import VMClient, VMError, VMFatalError
@@ -13,6 +14,14 @@ from guirl.vmpool.tasks.setup import TaskContext
 
 Getter = Callable[[dict[str, Any], VMClient, TaskContext], Awaitable[Any]]
 """`await getter(config, client, ctx)`: what the evaluator scores."""
+
+
+def save(ctx: TaskContext, dest: str, data: bytes) -> Path:
+    """Write what a getter brought back to `cache_dir/dest` (the task model keeps `dest` inside it)."""
+    local = ctx.cache_dir / dest
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(data)
+    return local
 
 
 def _pairs(config: dict[str, Any]) -> tuple[list[str], list[str], list[int] | None]:
@@ -37,10 +46,7 @@ async def vm_file(config: dict[str, Any], client: VMClient, ctx: TaskContext) ->
         if data is None:
             out.append(None)
             continue
-        local = ctx.cache_dir / dest
-        local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_bytes(data)
-        out.append(str(local))
+        out.append(str(save(ctx, dest, data)))
     return _give(out, gives)
 
 

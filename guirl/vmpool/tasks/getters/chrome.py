@@ -19,7 +19,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 import aiohttp
 
 from guirl.vmpool.client import VMClient, VMError, VMFatalError
-from guirl.vmpool.tasks.getters.base import Getter
+from guirl.vmpool.tasks.getters.base import Getter, save
 from guirl.vmpool.tasks.setup import TaskContext
 from guirl.vmpool.tasks.setup_chrome import BrowserUnavailable
 
@@ -65,9 +65,7 @@ async def _profile_rows(client: VMClient, ctx: TaskContext, name: str, dest: str
     data = await client.get_file(f"{ctx.chrome_profile_dir}/Default/{name}")
     if data is None:
         return None
-    local = ctx.cache_dir / dest
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(data)
+    local = save(ctx, dest, data)
     try:
         with closing(sqlite3.connect(local)) as conn:
             return conn.execute(query).fetchall()

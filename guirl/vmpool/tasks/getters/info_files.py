@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlparse
 from xml.etree import ElementTree as ET
 
 from guirl.vmpool.client import VMClient, VMFatalError
-from guirl.vmpool.tasks.getters.base import Getter
+from guirl.vmpool.tasks.getters.base import Getter, save
 from guirl.vmpool.tasks.setup import TaskContext
 
 _RELS = "{http://schemas.openxmlformats.org/package/2006/relationships}Relationship"
@@ -34,9 +34,7 @@ async def _fetch(client: VMClient, ctx: TaskContext, path: str, dest: str) -> Pa
     data = await client.get_file(path)
     if data is None:
         return None
-    local = ctx.cache_dir / dest
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(data)
+    local = save(ctx, dest, data)
     return local
 
 
@@ -154,9 +152,7 @@ async def vm_wallpaper(config: dict[str, Any], client: VMClient, ctx: TaskContex
         _, body, _ = await client._call("POST", "/wallpaper", idempotent=True)
     except VMFatalError:  # 4xx: no wallpaper file (a VM that does not answer raises VMTransientError)
         body = b""
-    local = ctx.cache_dir / config["dest"]
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(body)
+    local = save(ctx, config["dest"], body)
     return str(local)
 
 
