@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from guirl.vmpool.provider import ProviderError
-from guirl.vmpool.sandbox import HOME, bwrap_argv
+from guirl.vmpool.sandbox import (
+    HOME,
+    bwrap_argv,
+    kill_namespace,
+    namespace_members,
+    namespace_name,
+    open_sandbox_namespace,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +90,8 @@ class LocalVM:
     display: str = ""
     started_at: float = 0.0
     resets: int = 0
+    pidns_fd: int | None = None
+    """The sandbox's PID namespace, held open: how its processes are found to be killed."""
     log_file: object = field(default=None, repr=False)
 
     @property
@@ -137,6 +146,12 @@ class LocalProvider:
             if session and _running(session) and str(vm_dir) in _cmdline(session):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(session, signal.SIGKILL)
+            ns = state.get("pidns")
+            if isinstance(ns, str) and ns.startswith("pid:["):  # a desktop that outlived its bwrap
+                # nobody holds it open any more: its name may be another sandbox's now, unless its own
+                # processes (bwrap's command line names the VM's directory) are still in it
+                if any(f"{vm_dir}/" in _cmdline(pid) for pid in namespace_members(ns)):
+                    kill_namespace(ns)
             shutil.rmtree(vm_dir, ignore_errors=True)
             Path(tempfile.gettempdir(), f"guirl-{vm_dir.name}").unlink(missing_ok=True)
             reaped.append(vm_dir.name)
@@ -213,7 +228,10 @@ class LocalProvider:
     def _restore_home(self, vm: LocalVM) -> None:
         home = vm.dir / "home"
         if home.exists():
-            shutil.rmtree(home)
+            # moved aside first: the new home never shares a directory with anything of the old session
+            trash = vm.dir / f".home-{uuid.uuid4().hex[:8]}"
+            os.replace(home, trash)
+            shutil.rmtree(trash, ignore_errors=True)  # what a process stuck in the kernel kept: with the VM
         shutil.copytree(self.template, home, symlinks=True)
         if self.osworld_server is not None:  # it writes beside itself (screenshots/), as in an image
             server = home / "server"
@@ -269,21 +287,40 @@ class LocalProvider:
                 f"local VM {vm.vm_id} did not start within {self.start_timeout_s:.0f} s: {tail}"
             )
         vm.display, vm.started_at = ready["display"], time.time()
+        vm.pidns_fd = open_sandbox_namespace(vm.proc.pid)
+        self._write_state(vm)
         log.info("local VM %s ready on %s (display %s)", vm.vm_id, vm.socket, vm.display)
 
     async def _stop(self, vm: LocalVM) -> None:
+        """Kill the VM's session and wait until every process of its sandbox has exited, so that nothing
+        writes into its home any more."""
         proc, vm.proc = vm.proc, None
+        ns_fd, vm.pidns_fd = vm.pidns_fd, None
+        if ns_fd is None and proc is not None and proc.returncode is None:  # stopped before it was ready
+            ns_fd = open_sandbox_namespace(proc.pid)
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGKILL)  # the sandbox's PID namespace goes with it
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 10)
+        if ns_fd is not None:
+            try:
+                stuck = await asyncio.to_thread(kill_namespace, namespace_name(ns_fd))
+            finally:
+                os.close(ns_fd)
+            if stuck:
+                log.warning("local VM %s: sandbox processes %s outlived SIGKILL", vm.vm_id, stuck)
         if vm.log_file is not None:
             vm.log_file.close()
             vm.log_file = None
 
     def _write_state(self, vm: LocalVM) -> None:
-        state = {"tag": vm.tag, "owner": os.getpid(), "session": vm.proc.pid if vm.proc else 0}
+        state = {
+            "tag": vm.tag,
+            "owner": os.getpid(),
+            "session": vm.proc.pid if vm.proc else 0,
+            "pidns": namespace_name(vm.pidns_fd) if vm.pidns_fd is not None else None,
+        }
         tmp = vm.dir / ".vm.json.tmp"
         tmp.write_text(json.dumps(state))
         os.replace(tmp, vm.dir / "vm.json")

@@ -11,9 +11,13 @@ passes in.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import shutil
+import signal
 import sys
+import time
 from pathlib import Path
 
 import guirl
@@ -149,3 +153,94 @@ def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None =
     for key, value in {**base_env, **(env or {})}.items():
         argv += ["--setenv", key, value]
     return [*argv, "--", *command]
+
+
+# -- the sandbox's processes ------------------------------------------------------------------------------
+# bwrap runs the sandbox's first process in a PID namespace of its own. Killing bwrap makes the kernel kill
+# the rest, but not at once: a process busy in the kernel (a LibreOffice writing a file) finishes its call
+# first, so a home deleted right after bwrap was reaped can still be written into. And a sandbox whose bwrap
+# died before it armed `--die-with-parent` would live on. So a VM's processes are found through their
+# namespace, killed by pidfd (a pid reused meanwhile is never hit) and waited for.
+
+
+def pid_namespace(pid: int | str) -> str | None:
+    """The PID namespace of process `pid` ("pid:[4026532451]"), or None when it is gone or not ours to see."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def open_sandbox_namespace(bwrap_pid: int) -> int | None:
+    """A descriptor of the PID namespace of the sandbox that the bwrap process `bwrap_pid` started (its
+    child's), or None when it has not started one yet or it is gone. Holding it keeps the namespace's
+    identity (the number in its name) from being given to another sandbox after this one ends."""
+    try:
+        children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+    except OSError:
+        return None
+    own = pid_namespace("self")
+    for child in children:
+        try:
+            fd = os.open(f"/proc/{child}/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if namespace_name(fd) != own:
+            return fd
+        os.close(fd)
+    return None
+
+
+def namespace_name(fd: int) -> str:
+    """The name of the PID namespace open as `fd`, as /proc/PID/ns/pid reads."""
+    return f"pid:[{os.fstat(fd).st_ino}]"
+
+
+def namespace_members(ns: str) -> list[int]:
+    """The pids (as this host numbers them) of every process in PID namespace `ns`."""
+    pids = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and pid_namespace(entry.name) == ns:
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_namespace(ns: str, timeout_s: float = 10.0) -> list[int]:
+    """SIGKILL every process of PID namespace `ns` and wait until all have exited (a zombie has: it holds no
+    file and no directory). Blocking. Returns the pids still running after `timeout_s` (a process stuck in
+    the kernel), empty when all are gone. Never `ns` of this process itself."""
+    if ns == pid_namespace("self"):
+        raise ValueError("refusing to kill this process's own PID namespace")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fds = []
+        for pid in namespace_members(ns):
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:  # gone already
+                continue
+            if pid_namespace(pid) != ns:  # exited (and the number maybe reused) between the scan and the open
+                os.close(fd)
+                continue
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            fds.append((pid, fd))
+        if not fds:
+            return []
+        poller = select.poll()
+        for _, fd in fds:
+            poller.register(fd, select.POLLIN)
+        left = {fd for _, fd in fds}
+        try:
+            while left and (remaining := deadline - time.monotonic()) > 0:
+                for fd, _ in poller.poll(remaining * 1000):
+                    poller.unregister(fd)
+                    left.discard(fd)
+        finally:
+            for _, fd in fds:
+                os.close(fd)
+        if left:
+            return [pid for pid, fd in fds if fd in left]
+        # all those exited; one that forked meanwhile has a child to find (until the namespace's first
+        # process is dead, when no process can be created in it any more)

@@ -202,3 +202,52 @@ def test_a_vm_under_a_deep_directory_is_reachable(tmp_path):
         assert not link.is_symlink()
 
     run(scenario())
+
+
+def test_a_reset_returns_only_when_nothing_of_the_old_desktop_runs(tmp_path):
+    """Killing bwrap makes the kernel kill the sandbox's processes, but not at once: writers left running
+    for a moment wrote into the home being restored ("Directory not empty"). Reset and delete wait until
+    every process of the sandbox's PID namespace is gone."""
+    import select
+
+    from guirl.vmpool.sandbox import namespace_members, namespace_name
+
+    writers = (
+        "for i in 1 2 3 4; do (while :; do echo x > ~/spam.$i.$RANDOM; done) >/dev/null 2>&1 & done; echo ok"
+    )
+
+    def hold(vm_state) -> list[int]:
+        """pidfds of every process of the VM's sandbox (a pid may be reused, a pidfd names one process)."""
+        return [os.pidfd_open(pid) for pid in namespace_members(namespace_name(vm_state.pidns_fd))]
+
+    def still_running(pidfds: list[int]) -> int:
+        poller = select.poll()
+        for fd in pidfds:
+            poller.register(fd, select.POLLIN)
+        exited = {fd for fd, _ in poller.poll(0)}
+        for fd in pidfds:
+            os.close(fd)
+        return len(set(pidfds) - exited)
+
+    async def main():
+        async with local_vm(tmp_path) as (provider, vm, client):
+            for _ in range(3):
+                started = await client.execute(["bash", "-c", writers])
+                assert started["output"].strip() == "ok", started
+                old = hold(provider.vms[vm])
+                assert len(old) >= 8  # bwrap's init, the server, X, the window manager, the writers
+                await provider.reset(vm)
+                assert still_running(old) == 0
+                assert not list((provider.vms[vm].dir / "home").glob("spam.*"))
+                assert await client.health()
+            old = hold(provider.vms[vm])
+        assert still_running(old) == 0  # delete too
+
+    run(main())
+
+
+def test_the_namespace_killer_never_kills_its_own():
+    from guirl.vmpool.sandbox import kill_namespace, pid_namespace
+
+    with pytest.raises(ValueError, match="own PID namespace"):
+        kill_namespace(pid_namespace("self"))
