@@ -261,6 +261,18 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    from guirl.errors import InputError
+    from guirl.status import read_status, render
+
+    try:
+        doc = read_status(args.run_dir)
+    except ValueError as exc:
+        raise InputError(str(exc)) from exc
+    print(json.dumps(doc, indent=1) if args.json else render(doc), end="\n" if args.json else "")
+    return 0
+
+
 def cmd_keys_init(args: argparse.Namespace) -> int:
     from guirl.actors.security import AUTHORIZED, init_keys
 
@@ -424,6 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="per-step file written in each episode folder (default prm_offline.jsonl)",
     )
     ps.set_defaults(func=cmd_prm_score)
+    p = sub.add_parser("status", help="what a local run is doing now: actors, episodes in flight, weights")
+    p.add_argument("run_dir", help="the run directory (runs/<name>-<time>-<id>)")
+    p.add_argument("--json", action="store_true", help="the status as JSON, as the run wrote it")
+    p.set_defaults(func=cmd_status)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
     return parser

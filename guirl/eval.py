@@ -308,6 +308,7 @@ async def run_eval(
     """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary. `cluster`
     (`guirl.cluster.run.ClusterRun`) places the actors on hosts; none: this machine's one-host cluster."""
     from guirl.cluster.run import ClusterRun, StatusPrinter
+    from guirl.status import StatusWriter
 
     cluster = cluster or ClusterRun.local(cfg)
     cfg = cluster.apply(cfg)
@@ -388,11 +389,14 @@ async def run_eval(
             )
             await cluster.serve(sup, make_worker, out, coord)
             try:
-                status = StatusPrinter(cluster, cluster.status_interval_s, out)
+                writer = StatusWriter(run_dir, coord, mode="eval")
+                writer.watch_broker(broker.endpoints[0])
+                status = StatusPrinter(cluster, cluster.status_interval_s, out, writer)
                 await _progress(coord, sup, e.progress_interval_s, out, status)
             finally:  # no add/remove may run while (or after) the actors are stopped
                 await cluster.close()
             await sup.stop_all()
+            writer.maybe(sup, force=True)  # the last picture: every actor down, the run done
     finally:
         await cluster.close()
         coord.request_shutdown("eval done")

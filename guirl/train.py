@@ -184,6 +184,7 @@ async def _follow(
     started, last = time.monotonic(), ""
     kill_at = cfg.train.fault_kill_worker_at_version
     kill_prm_at = cfg.train.fault_kill_prm_at_version
+    kill_learner_at = cfg.train.fault_kill_learner_at_version
     while True:
         coord.progress.clear()
         try:
@@ -207,6 +208,13 @@ async def _follow(
             out.write(
                 f"[train] fault injection: SIGKILLed the PRM (pid {pid}) at version {coord.learner_version}\n"
             )
+        if kill_learner_at and coord.learner_version >= kill_learner_at and "learner" in sup.actors:
+            kill_learner_at = 0  # once: the supervisor restarts it from its latest checkpoint
+            pid = sup.kill("learner")
+            out.write(
+                f"[train] fault injection: SIGKILLed the learner (pid {pid}) at version "
+                f"{coord.learner_version}\n"
+            )
         running = coord.snapshot()["running"]
         if kill_at and coord.learner_version >= kill_at and running and "worker0" in sup.actors:
             kill_at = 0  # once, mid-episode (with one worker, the running episodes are its own)
@@ -222,6 +230,15 @@ async def _follow(
             out.write(line + "\n")
             out.flush()
         last = line
+
+
+def _learner_restarts(run_dir: Path) -> int:
+    from guirl.learner.lineage import LINEAGE_FILE
+
+    try:
+        return max(0, len(json.loads((run_dir / LINEAGE_FILE).read_text())["forks"]) - 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
 
 
 def check_train_config(cfg: GuirlConfig) -> None:
@@ -365,6 +382,7 @@ async def _train(
     cluster: Any = None,
 ) -> dict:
     from guirl.cluster.run import StatusPrinter
+    from guirl.status import StatusWriter
 
     t, e = cfg.train, cfg.eval
     r = cfg.rollout
@@ -480,7 +498,9 @@ async def _train(
             tracking = _Tracking(tracker, run_dir)
             await cluster.serve(sup, make_worker, out, coord)
             try:
-                status = StatusPrinter(cluster, cluster.status_interval_s, out)
+                writer = StatusWriter(run_dir, coord, mode="train")
+                writer.watch_broker(broker.endpoints[0])
+                status = StatusPrinter(cluster, cluster.status_interval_s, out, writer)
                 await _follow(coord, sup, cfg, run_dir, out, tracking, status)
             finally:  # no add/remove may run while (or after) the actors are stopped
                 await cluster.close()
@@ -499,6 +519,7 @@ async def _train(
             snap = coord.snapshot()  # before shutting down: stopping takes time that is not the run's
             coord.finish()
             await sup.stop_all()
+            writer.maybe(sup, force=True)  # the last picture: every actor down, the run done
     finally:
         await cluster.close()
         coord.request_shutdown("train done")
@@ -530,6 +551,13 @@ async def _train(
         "env_utilisation": env_utilisation,
         "evaluations": coord.eval_lines,
         "steady_samples_per_s": steady,
+        # faults the run survived: learner restarts (each one a new lineage epoch), the episodes the
+        # learner would not train (played by weights a dead learner made after its checkpoint) and the
+        # groups handed out again whole after a restart
+        "learner_restarts": _learner_restarts(run_dir),
+        "episodes_rejected": coord.counters["episodes.rejected_by_learner"],
+        "episodes_reissued": coord.counters["episodes.reissued_version_mismatch"],
+        "groups_reissued": coord.counters["groups.reissued"],
     }
     write_json_atomic(run_dir / "summary.json", summary)
     out.write(update_table(metrics))

@@ -98,6 +98,10 @@ class Actor:
     def on_peer_dead(self, name: str, error: Exception) -> None:
         """A peer (mailbox client or connection) missed its heartbeats."""
 
+    def on_peer_restarted(self, name: str) -> None:
+        """A peer we connect to came back as a new process (its heartbeats carry a new incarnation), whether
+        or not it had been declared dead meanwhile: whatever state it held is gone."""
+
     def on_peer_left(self, name: str) -> None:
         """A mailbox client said goodbye (closed its connection)."""
 

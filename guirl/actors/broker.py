@@ -229,6 +229,7 @@ def _response(result: GenResult, waited: float) -> PolicyResponse:
         logprobs=tensor(result.logprobs, "float32"),
         finish_reason=result.finish_reason,
         policy_version=result.policy_version,
+        policy_epoch=result.policy_epoch,
         engine=result.engine,
         latency_s=result.latency_s + waited,
         error=result.error,
@@ -285,6 +286,7 @@ class InferenceBroker(Actor):
         self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
         self._updating = asyncio.Lock()  # weight updates take turns (each drains the engines)
+        self._pending_updates: list[tuple[str, asyncio.Future]] = []  # (sender, update) while they run
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -354,11 +356,19 @@ class InferenceBroker(Actor):
     def stats(self) -> Any:
         """The counters, and gauges: `weights.live_ranks`, the weight-group ranks the policy's healthy
         engines take now (the learner sizes its next group by it, so a dead engine does not hold a broadcast
-        up); `requests.queued` and `requests.inflight`, over every model, now."""
+        up); `requests.queued` and `requests.inflight`, over every model, now; `weights.pending`, the
+        weight updates under way; and per policy engine its `version`, lineage `epoch` and `healthy`."""
         reply = super().stats()
         reply.counters["weights.live_ranks"] = self.live_weight_ranks()
         reply.counters["requests.queued"] = sum(len(q.queue) for q in self.models.values())
         reply.counters["requests.inflight"] = sum(q.inflight for q in self.models.values())
+        reply.counters["weights.pending"] = sum(1 for _, u in self._pending_updates if not u.done())
+        queue = self.models.get(self.model)
+        for slot in queue.slots if queue is not None else []:  # what each policy engine serves now
+            name = slot.engine.name
+            reply.counters[f"engine.{name}.version"] = slot.engine.policy_version
+            reply.counters[f"engine.{name}.epoch"] = getattr(slot.engine, "policy_epoch", 0)
+            reply.counters[f"engine.{name}.healthy"] = int(slot.healthy)
         return reply
 
     def live_weight_ranks(self) -> int:
@@ -370,9 +380,43 @@ class InferenceBroker(Actor):
             case PolicyRequest() as msg:
                 return self._enqueue(req, msg)
             case WeightsPublished() as msg:
-                await self._update_weights(msg)
-                return Ack(note=f"engines at version {msg.version}")
+                return await self._weights(req.peer_name, msg)
         return await super().handle(req)
+
+    async def _weights(self, sender: str, msg: WeightsPublished) -> Message:
+        """Run one weight update, abandoned (the engines keep serving their weights) as soon as its sender
+        is declared dead or leaves, or sends a newer update: a broadcast from a dead learner never comes,
+        and waiting for the weight group's timeout would hold every engine that long."""
+        actor = sender.split("/", 1)[0]  # a routing id is the actor's name and its process's own suffix
+        for other, pending in self._pending_updates:
+            # superseded: given up on by its sender, or sent by a learner that has restarted since
+            if other.split("/", 1)[0] == actor and not pending.done():
+                self.counters["weights.superseded"] += 1
+                pending.cancel()
+        update = asyncio.ensure_future(self._update_weights(msg))
+        entry = (sender, update)
+        self._pending_updates.append(entry)
+        try:
+            await asyncio.wait({update})
+        finally:
+            self._pending_updates.remove(entry)
+            if not update.done():  # the handler itself is cancelled (shutdown)
+                update.cancel()
+        if update.cancelled():
+            self.counters["weights.abandoned"] += 1
+            log.warning("weight update to version %d abandoned (%s gone, or superseded)", msg.version, sender)
+            return ErrorReply(code="peer_dead", message=f"update to version {msg.version} abandoned")
+        update.result()  # its failure is the reply
+        return Ack(note=f"engines at version {msg.version}")
+
+    def on_peer_dead(self, name: str, error: Exception) -> None:
+        for sender, update in self._pending_updates:
+            if sender == name and not update.done():
+                log.warning("%s, the sender of a pending weight update, is dead (%s): abandoned", name, error)
+                update.cancel()
+
+    def on_peer_left(self, name: str) -> None:
+        self.on_peer_dead(name, ConnectionError("left"))
 
     def _enqueue(self, req: Request, msg: PolicyRequest) -> Message | None:
         queue = self.models.get(msg.model)
@@ -601,11 +645,11 @@ class InferenceBroker(Actor):
 
         async def one(rank: int, slot: EngineSlot) -> None:
             if msg.weight_group:
-                spec: dict[str, Any] = {"broadcast": msg.weight_group, "rank": rank}
+                spec: dict[str, Any] = {"broadcast": msg.weight_group, "rank": rank, "epoch": msg.epoch}
                 if msg.buckets:
                     spec["buckets"] = msg.buckets
             else:
-                spec = {"path": msg.path}
+                spec = {"path": msg.path, "epoch": msg.epoch}
             await slot.engine.update_weights(msg.version, spec)
 
         # an engine takes one rank of the group per GPU it spans (an SGLang server with tensor parallelism)

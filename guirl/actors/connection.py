@@ -204,6 +204,7 @@ class Connection:
             return  # the first incarnation we meet
         if reported:  # already declared dead (its requests failed then): it is simply back
             log.info("peer %r at %s is back as a new process", self.name, self.endpoint)
+            self.actor.on_peer_restarted(self.name)
             return
         self.actor.counters["peers.restarted"] += 1
         first = self.actor.ids.sequence(beat.first_seen)
@@ -222,6 +223,7 @@ class Connection:
             if not fut.done():
                 fut.set_exception(err)
         self.actor.on_peer_dead(self.name, err)
+        self.actor.on_peer_restarted(self.name)
 
     def _mark_alive(self) -> None:
         was = self.state

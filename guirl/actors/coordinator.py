@@ -34,6 +34,7 @@ from guirl.messages.types import (
     Ack,
     EpisodeAssignment,
     EpisodeEnded,
+    EpisodeRejected,
     LearnerResumed,
     Message,
     NoWork,
@@ -189,6 +190,8 @@ class Coordinator(Actor):
                 return self._assign(req.peer_name, worker)
             case EpisodeEnded() as ended:
                 return self._end(ended)
+            case EpisodeRejected() as rejected:
+                return self._rejected(rejected)
             case LearnerResumed(version=version, trained_groups=trained):
                 again = self.reissue_lost(set(trained))
                 self.learner_version = version  # a restarted learner may be behind what we were told
@@ -301,6 +304,28 @@ class Coordinator(Actor):
             log.warning("the learner restarted: %d group(s) handed out again", len(lost))
             self.save_state()
         return len(lost)
+
+    def _rejected(self, rej: EpisodeRejected) -> Ack:
+        """The learner will not train an episode (played by weights outside its lineage): the same sample
+        of its group goes out again, first in line, unless the group is no longer the run's (handed out
+        again whole after a learner restart, or the run is ending)."""
+        self.counters["episodes.rejected_by_learner"] += 1
+        task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
+        if self.mode != "train" or self.closing or task is None or not 0 <= rej.sample_index < self.n_samples:
+            return Ack(ok=False, note="not handed out again: the run is ending, or no such task or sample")
+        if self.admitted_groups.get(rej.group_id) != rej.task_id:
+            return Ack(ok=False, note=f"group {rej.group_id!r} is not one in play: not handed out again")
+        self.todo.appendleft(_Todo(task, rej.sample_index, 0, rej.group_id))
+        self.counters["episodes.reissued_version_mismatch"] += 1
+        log.warning(
+            "episode %s of %s not trained by the learner (%s): sample %d of %s handed out again",
+            rej.episode_id,
+            rej.task_id,
+            rej.reason,
+            rej.sample_index,
+            rej.group_id,
+        )
+        return Ack(note="handed out again")
 
     def finish(self) -> None:
         """The run is over (train mode: the learner made its updates): hand out nothing more; episodes

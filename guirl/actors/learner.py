@@ -34,6 +34,7 @@ from guirl.config.schema import TrainConfig
 from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
 from guirl.messages.types import (
     Ack,
+    EpisodeRejected,
     ErrorReply,
     LearnerResumed,
     Message,
@@ -45,6 +46,9 @@ from guirl.messages.types import (
 from guirl.net import free_port, host_address
 
 log = logging.getLogger(__name__)
+
+REPUBLISH_INTERVAL_S = 5.0
+"""At most this often the learner publishes its weights again to engines that may not hold them."""
 
 
 class Learner(Actor):
@@ -125,6 +129,10 @@ class Learner(Actor):
         self.busy_s = 0.0
         self.prm_timeout_s = prm_timeout_s
         self.board: Any = None  # step-wise: trajectories wait here for their PRM scores
+        self.lineage: Any = None  # guirl.learner.lineage.Lineage, once restored
+        self._republish = False  # the engines may not hold this learner's weights: publish them again
+        self._republish_at = 0.0
+        self._rejections: set[asyncio.Task] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -157,9 +165,23 @@ class Learner(Actor):
             self._start_followers()
         await self._torch(self._load)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.version > 0:
-            # the engines may hold other weights (the starting ones, or a later version that died with
-            # the previous learner): give them the checkpoint's
+        from guirl.learner.lineage import Lineage
+
+        try:
+            self.lineage = Lineage.begin(self.run_dir, self.version)
+        except ValueError as exc:
+            raise FatalError(f"the run's learner lineage: {exc}") from exc
+        if self.lineage.epoch > 0 or self.version > 0:
+            # A restart (or a resumed run): the engines may hold other weights, the starting ones or versions
+            # the previous learner made after its checkpoint. They go back (or forward) to exactly the
+            # restored ones, under the new epoch, before anything else; until they have, samples they
+            # play are not this learner's and are rejected.
+            if self.lineage.epoch > 0 and not (latest or self.resume_from):
+                log.warning(
+                    "the learner restarted with no checkpoint in %s: it starts again from the starting "
+                    "weights at version 0 (train.checkpoint_every keeps progress across restarts)",
+                    self.run_dir,
+                )
             await self._publish(wait=True)
         if self.coord is not None:
             # whatever the previous learner received after its checkpoint died with it: the coordinator
@@ -250,6 +272,9 @@ class Learner(Actor):
         match req.msg:
             case Trajectory() as traj:
                 self.counters["trajectories.received"] += 1
+                foreign = self._foreign_policy(traj)
+                if foreign:
+                    return self._reject(traj, foreign)
                 if self.board is not None and traj.episode_id not in self.buffer.seen:
                     ready = self.board.add_trajectory(traj)  # held until its steps' scores are in
                     if ready is None:
@@ -275,6 +300,65 @@ class Learner(Actor):
                 return Ack(ok=True)
         return await super().handle(req)
 
+    def _foreign_policy(self, traj: Trajectory) -> str:
+        """Why `traj` was (partly) played by weights outside this learner's lineage ("" if it was not)."""
+        if self.lineage is None or traj.episode_id in self.buffer.seen or traj.status != "completed":
+            return ""  # the buffer says what it does with those
+        for s in traj.steps:
+            if not self.lineage.holds(s.policy_epoch, s.policy_version, self.version):
+                return (
+                    f"step {s.step} played by version {s.policy_version} of epoch {s.policy_epoch}; the "
+                    f"learner is at version {self.version} of epoch {self.lineage.epoch}, which began from "
+                    f"version {self.lineage.forks[-1]}"
+                )
+        return ""
+
+    def _reject(self, traj: Trajectory, why: str) -> Message:
+        """Never train `traj` (its behaviour policy is not one this learner holds): count it, and have the
+        coordinator hand its sample out again."""
+        self.buffer.seen.add(traj.episode_id)  # a redelivery is not counted twice
+        self.counters["trajectories.dropped_version_mismatch"] += 1
+        self.counters["samples.dropped_version_mismatch"] += len(traj.steps)
+        log.warning("episode %s not trained: %s", traj.episode_id, why)
+        if self.coord is not None:
+            msg = EpisodeRejected(
+                episode_id=traj.episode_id,
+                group_id=traj.group_id,
+                sample_index=traj.sample_index,
+                task_id=traj.task_id,
+                reason=why[:300],
+            )
+            task = asyncio.create_task(self._tell_rejected(msg))
+            self._rejections.add(task)
+            task.add_done_callback(self._rejections.discard)
+        return Ack(ok=True, note=f"not trained: {why}"[:300])
+
+    async def _tell_rejected(self, msg: EpisodeRejected) -> None:
+        try:
+            await self.coord.request(msg, timeout=self.runtime.request_timeout_s)
+        except ActorError as exc:  # the coordinator is the driver's: it is gone only when the run is
+            self.counters["rejections.untold"] += 1
+            log.warning("could not tell the coordinator to hand %s out again: %s", msg.episode_id, exc)
+
+    def on_peer_restarted(self, name: str) -> None:
+        """A restarted broker's engines serve the weights they started from: give them this learner's."""
+        if name == "broker" and self.lineage is not None and self.version > 0:
+            log.warning("the broker restarted: publishing version %d to it again", self.version)
+            self._republish = True
+            self._arrived.set()
+
+    async def _republish_if_needed(self) -> None:
+        """Publish the current weights again when the engines may not hold them (a failed publish, a
+        restarted broker), at most every few seconds and only while the broker answers."""
+        if not self._republish or self._publishing is not None or self.broker is None:
+            return
+        now = time.monotonic()
+        if now < self._republish_at or self.broker.state != "alive":
+            return
+        self._republish_at = now + REPUBLISH_INTERVAL_S
+        self.counters["publish.again"] += 1
+        await self._publish(wait=True)
+
     # -- the loop ------------------------------------------------------------------------------------
 
     async def main(self) -> None:
@@ -293,6 +377,7 @@ class Learner(Actor):
             self.busy_s += t2 - t1
             metrics.update(
                 version=self.version,
+                epoch=self.lineage.epoch,
                 collect_s=round(t1 - t0, 3),
                 update_s=round(t2 - t1 - publish_s, 3),
                 publish_s=round(publish_s, 3),
@@ -318,6 +403,7 @@ class Learner(Actor):
                     self.buffer.add(traj)
                 hold = self.board.waiting_groups()
             self.buffer.expire(hold)
+            await self._republish_if_needed()
             batch = self.buffer.take(self.batch_size, self.version)
             if batch is not None:
                 return batch
@@ -398,6 +484,7 @@ class Learner(Actor):
             "partial_groups": batch.partial_groups,
             "version_lag_mean": round(sum(self.version - max(v, 0) for v in versions) / len(versions), 3),
             "version_lag_max": max(self.version - max(v, 0) for v in versions),
+            "version_lag_min": min(self.version - max(v, 0) for v in versions),
         }
         metrics.update(reward_part_means(trajs))
         if cfg.advantage == "step_wise":
@@ -498,18 +585,25 @@ class Learner(Actor):
         return time.monotonic() - started
 
     async def _deliver(self, version: int, state: dict[str, Any], timings: dict[str, float]) -> None:
+        epoch = self.lineage.epoch
         try:
             done = False
             if self.cfg.weight_sync == "broadcast" and self.broker is not None:
                 done = await self._broadcast(version, state, timings)
             if not done:
                 path = await self._weights_thread(self._save_weights, version, state)
-                await self._tell(self.broker, WeightsPublished(version=version, path=str(path)))
-            await self._tell(self.coord, WeightsPublished(version=version, learner_step=version))
-        except Exception as exc:  # the engines keep the previous version; the next publish tries again
+                if not await self._tell(
+                    self.broker, WeightsPublished(version=version, path=str(path), epoch=epoch)
+                ):
+                    raise ActorError(f"the broker did not take version {version}")
+            await self._tell(self.coord, WeightsPublished(version=version, learner_step=version, epoch=epoch))
+        except Exception as exc:  # the engines keep the previous version; published again soon
             self.counters["publish.failed"] += 1
             log.error("publishing version %d failed: %r", version, exc)
+            self._republish = True
             return
+        if version == self.version:
+            self._republish = False
         self.last_publish = {f"publish.{k}": round(v, 4) for k, v in timings.items()} | {
             "publish.version": version
         }
@@ -527,8 +621,8 @@ class Learner(Actor):
         try:
             await conn.request(msg, timeout=self.runtime.request_timeout_s)
             return True
-        except ActorError as exc:  # the broker restarting: it is told again at the next version
-            self.counters["publish.failed"] += 1
+        except ActorError as exc:  # the broker restarting: it is told again (see `_republish_if_needed`)
+            self.counters["tell.failed"] += 1
             log.warning("could not tell %s about version %d: %s", conn.name, msg.version, exc)
             return False
 
@@ -556,6 +650,7 @@ class Learner(Actor):
                 world_size=1 + ranks,
                 group_name=unique_group_name(),  # SGLang refuses a name it still holds (a failed group's)
                 timeout_s=min(120.0, self.runtime.request_timeout_s),
+                join_timeout_s=self.cfg.weight_join_timeout_s,
                 backend=self.weight_backend,  # type: ignore[arg-type]
                 layout=self.weight_layout,  # type: ignore[arg-type]
             )
@@ -570,6 +665,7 @@ class Learner(Actor):
         state, buckets = await self._weights_thread(prepare)
         msg = WeightsPublished(
             version=version,
+            epoch=self.lineage.epoch,
             learner_step=version,
             weight_group=self._group.to_dict(),
             buckets=[b.to_dict() for b in buckets],

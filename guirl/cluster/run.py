@@ -386,11 +386,14 @@ class ClusterRun:
 class StatusPrinter:
     """Prints the cluster's status every `interval` seconds (never on the one-host cluster)."""
 
-    def __init__(self, cluster: ClusterRun, interval: float, out: TextIO) -> None:
-        self.cluster, self.interval, self.out = cluster, interval, out
+    def __init__(self, cluster: ClusterRun, interval: float, out: TextIO, writer: Any = None) -> None:
+        """`writer`: the run's `guirl.status.StatusWriter` (its `status.json`, on any cluster)."""
+        self.cluster, self.interval, self.out, self.writer = cluster, interval, out, writer
         self.last = time.monotonic()
 
     def maybe(self, sup: Any, coord: Any) -> None:
+        if self.writer is not None:
+            self.writer.maybe(sup)
         if self.cluster.single or self.interval <= 0 or time.monotonic() - self.last < self.interval:
             return
         self.last = time.monotonic()

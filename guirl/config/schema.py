@@ -657,6 +657,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
     weight_bucket_mb: PosInt = 512
     """Size of one bucket of a weight broadcast, in MiB (the engines receive bucket by bucket)."""
+    weight_join_timeout_s: PosFloat = 30.0
+    """Seconds an engine waits to form the weight group with the learner, apart from the transfer (whose
+    collectives wait up to `runtime.request_timeout_s`, 120 s at most). An update whose learner is declared
+    dead is abandoned at once anyway; this bounds a group that never forms for another reason."""
     weight_backend: Literal["auto", "nccl", "gloo"] = "auto"
     """Backend of the learner -> engines weight group; `auto`: NCCL when the learner is on GPUs, else gloo."""
     weight_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -697,6 +701,9 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (0 = off)."""
     fault_kill_prm_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
+    fault_kill_learner_at_version: NonNegInt = 0
+    """Fault injection for tests: SIGKILL the learner once the engines serve this version (0 = off); it
+    restarts from its latest checkpoint, or from the starting weights when it has none."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -7,7 +7,8 @@ OpenAI-compatible endpoint) leave the token fields `None` and say so with `suppo
 such an engine is for evaluation only.
 
 Weights: an engine has a `policy_version` (the learner's version of the weights it serves; -1 for the
-checkpoint it started from). `update_weights` is SGLang's weight-group pattern: the learner's rank 0
+checkpoint it started from) and a `policy_epoch` (the learner lineage that version belongs to, 0 at start;
+see `WeightsPublished.epoch`). `update_weights` is SGLang's weight-group pattern: the learner's rank 0
 and the engines join a process group and the learner broadcasts tensors into it (issue 5 drives it).
 """
 
@@ -70,6 +71,7 @@ class GenResult:
     """Behaviour log-prob of each response token under the sampling distribution that drew it."""
     finish_reason: FinishReason = "stop"
     policy_version: int = -1
+    policy_epoch: int = 0
     engine: str = ""
     latency_s: float = 0.0
     error: str = ""
@@ -107,12 +109,20 @@ class Engine(Protocol):
         """Release the model or the connection."""
 
 
+def took_weights(engine: Any, version: int, spec: dict[str, Any]) -> None:
+    """Record that `engine` serves the weights of `version` (of the learner's lineage `spec["epoch"]`)
+    now: every engine calls it once its update has landed, and nowhere else."""
+    engine.policy_version = version
+    engine.policy_epoch = int(spec.get("epoch", 0) or 0)
+
+
 def stamp(results: list[GenResult], engine: Engine, started: float) -> list[GenResult]:
     """Tag results with the engine that made them, its policy version and the batch latency."""
     latency = time.monotonic() - started
     for r in results:
         r.engine = engine.name
         r.policy_version = engine.policy_version
+        r.policy_epoch = getattr(engine, "policy_epoch", 0)
         r.latency_s = latency
     return results
 

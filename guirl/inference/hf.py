@@ -23,9 +23,11 @@ greedy), before top-p / top-k truncation, as SGLang returns them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,7 +36,15 @@ from typing import Any
 
 import torch
 
-from guirl.inference.base import EngineDead, EngineError, FinishReason, GenRequest, GenResult, stamp
+from guirl.inference.base import (
+    EngineDead,
+    EngineError,
+    FinishReason,
+    GenRequest,
+    GenResult,
+    stamp,
+    took_weights,
+)
 from guirl.inference.chat import ChatRenderer, RenderedPrompt
 from guirl.learner.weights import WeightGroupSpec, WeightGroupTimeout, WeightReceiver
 from guirl.messages.types import SamplingParams
@@ -118,6 +128,7 @@ class HFEngine:
         self.max_batch = max(1, max_batch)
         self.threads = threads
         self.policy_version = -1
+        self.policy_epoch = 0
         self.generate_calls = 0  # `generate` calls made (sub-batches): how well requests batch
         self._model: Any = None
         self._renderer: ChatRenderer | None = None
@@ -190,11 +201,15 @@ class HFEngine:
                 self._executor.shutdown(wait=False)
                 self._executor = None
 
-    async def _in_worker(self, fn: Any, *args: Any) -> Any:
-        """Run `fn(*args)` on the engine's torch thread."""
+    def _worker(self) -> ThreadPoolExecutor:
+        """The engine's torch thread."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"engine-{self.name}")
-        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
+        return self._executor
+
+    async def _in_worker(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` on the engine's torch thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._worker(), functools.partial(fn, *args))
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -214,15 +229,22 @@ class HFEngine:
           the spec or rank changes, or after a failure broke the group).
 
         Either way the state dict must have the model's own parameter names, all of them (a tied lm_head
-        may be absent), and the new weights serve from the next batch on at `policy_version = version`."""
+        may be absent), and the new weights serve from the next batch on at `policy_version = version`
+        (of lineage `spec["epoch"]`).
+
+        Cancelled while it receives (the broker abandons an update whose sender died), it returns at once
+        and the engine serves its current weights: the broadcast is read on a thread of its own, not the
+        torch thread that generates, and that thread leaves the group when the group's own timeout ends
+        it. Cancelled while the weights go into the model, it lets them land (moments, on the torch thread)
+        and records their version, so the model never holds weights its version does not name."""
+        receive: tuple[WeightGroupSpec, int] | None = None
         if "path" in spec:
             work: Any = functools.partial(self._load_weights, Path(spec["path"]))
         elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
             try:
-                group = WeightGroupSpec.from_dict(spec["broadcast"])
+                receive = (WeightGroupSpec.from_dict(spec["broadcast"]), spec["rank"])
             except ValueError as exc:
                 raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
-            work = functools.partial(self._receive_weights, version, group, spec["rank"])
         else:
             raise NotImplementedError(
                 f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
@@ -232,14 +254,73 @@ class HFEngine:
             if self._model is None:
                 raise EngineDead(f"engine {self.name} is not started")
             try:
-                await self._in_worker(work)
+                if receive is not None:
+                    state = await self._receive(version, *receive)
+                    work = functools.partial(
+                        self._load_state, state, f"weights broadcast as version {version}"
+                    )
+                landing = asyncio.get_running_loop().run_in_executor(self._worker(), work)
+                try:
+                    await asyncio.shield(landing)
+                except asyncio.CancelledError:
+                    with contextlib.suppress(Exception):
+                        await landing
+                    if landing.done() and not landing.cancelled() and landing.exception() is None:
+                        took_weights(self, version, spec)
+                    raise
             except (OSError, RuntimeError, ValueError) as exc:
                 # A learner that did not show up in time may yet come: that one is worth retrying.
                 raise EngineError(
                     f"engine {self.name}: weight update failed: {exc}",
                     retryable=isinstance(exc, WeightGroupTimeout),
                 ) from exc
-            self.policy_version = version
+            took_weights(self, version, spec)
+
+    async def _receive(self, version: int, group: WeightGroupSpec, rank: int) -> dict[str, torch.Tensor]:
+        """One broadcast of the learner's, read on a thread of its own (see `update_weights`)."""
+        receiver, stale = self._receiver, None
+        if receiver is not None and (receiver.spec != group or receiver.rank != rank):
+            stale, receiver = receiver, None  # the learner moved the group (a restart): join the new one
+        self._receiver = None  # in use: back once this broadcast has been read whole
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if done.cancelled():  # abandoned just as it finished: nobody will use the group
+                if result is not None:
+                    threading.Thread(target=result[0].close, daemon=True).start()
+            elif error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def run() -> None:
+            member = receiver
+            try:
+                if stale is not None:
+                    stale.close()
+                if member is None:
+                    member = WeightReceiver()
+                    member.open(group, rank)
+                result: Any = (member, member.receive())
+                error = None
+            except (
+                BaseException
+            ) as exc:  # a half-read broadcast leaves the group out of step: rejoin next time
+                if member is not None:
+                    member.close()
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=run, name=f"weights-{self.name}", daemon=True).start()
+        member, (sent_version, state) = await done
+        self._receiver = member
+        if sent_version != version:
+            # This engine missed or reordered an update; loading these weights under another version
+            # would mislabel every sample they produce.
+            raise ValueError(f"{group.where} sent version {sent_version}, the engine was told {version}")
+        return state
 
     async def load_tensors(self, named: list[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Copy some of the model's tensors in place (an SGLang-style bucket of an update: any subset of
@@ -249,7 +330,9 @@ class HFEngine:
                 raise EngineDead(f"engine {self.name} is not started")
             await self._in_worker(self._copy_tensors, named)
             if version is not None:
-                self.policy_version = version
+                self.policy_version = (
+                    version  # a bucket of a stand-in server's update: its lineage is the caller's
+                )
 
     def _copy_tensors(self, named: list[tuple[str, torch.Tensor]]) -> None:
         own = self._model.state_dict()
@@ -272,27 +355,6 @@ class HFEngine:
         for f in files:
             state.update(load_file(str(f)))
         self._load_state(state, f"weights at {path}")
-
-    def _receive_weights(self, version: int, group: WeightGroupSpec, rank: int) -> None:
-        receiver = self._receiver
-        if receiver is not None and (receiver.spec != group or receiver.rank != rank):
-            self._close_receiver()  # the learner moved the group (a restart): join the new one
-            receiver = None
-        if receiver is None:
-            receiver = WeightReceiver()
-            receiver.open(group, rank)
-            self._receiver = receiver
-        try:
-            sent_version, state = receiver.receive()
-        except BaseException:
-            # A half-read broadcast leaves the group out of step (or the learner gone): rejoin next time.
-            self._close_receiver()
-            raise
-        if sent_version != version:
-            # This engine missed or reordered an update; loading these weights under another version
-            # would mislabel every sample they produce.
-            raise ValueError(f"{group.where} sent version {sent_version}, the engine was told {version}")
-        self._load_state(state, f"weights broadcast as version {version}")
 
     def _close_receiver(self) -> None:
         if self._receiver is not None:

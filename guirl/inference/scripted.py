@@ -21,7 +21,7 @@ from guirl.agent.actions import AnyAction, Done
 from guirl.agent.imaging import image_size
 from guirl.agent.parse import Coordinates
 from guirl.agent.render import render_response
-from guirl.inference.base import EngineError, GenRequest, GenResult, stamp
+from guirl.inference.base import EngineError, GenRequest, GenResult, stamp, took_weights
 
 _TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 ScriptLine = AnyAction | str
@@ -70,7 +70,7 @@ class ScriptedEngine:
 
     async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
         """Record the version (there are no weights)."""
-        self.policy_version = version
+        took_weights(self, version, spec)
 
     async def close(self) -> None:
         """Nothing to release."""

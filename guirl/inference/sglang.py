@@ -51,7 +51,15 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from guirl.inference.base import EngineDead, EngineError, GenRequest, GenResult, gather_requests, stamp
+from guirl.inference.base import (
+    EngineDead,
+    EngineError,
+    GenRequest,
+    GenResult,
+    gather_requests,
+    stamp,
+    took_weights,
+)
 from guirl.inference.openai import error_message, read_capped
 from guirl.inference.sglang_api import (
     bucket_body,
@@ -365,7 +373,7 @@ class SGLangEngine:
                 self._group = joined
                 try:
                     await self._control("/init_weights_update_group", body, group.timeout_s + 30)
-                except EngineError:
+                except BaseException:  # failed, or abandoned (its sender died): the name is freed
                     await self._leave(CLEANUP_TIMEOUT_S)
                     raise
             timings["join"] = time.monotonic() - started
@@ -374,7 +382,7 @@ class SGLangEngine:
                     for bucket in buckets:
                         body = bucket_body(bucket, group.group_name, version, flattened=self.flattened)
                         await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
-            except EngineError:  # a half-received update leaves the group out of step: a new one next time
+            except BaseException:  # failed or abandoned half-way: the group is out of step, a new one later
                 await self._leave(CLEANUP_TIMEOUT_S)
                 raise
             timings["receive"] = time.monotonic() - started - timings["join"]
@@ -383,7 +391,7 @@ class SGLangEngine:
                 f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
                 "{'path': ...} or {'broadcast': ..., 'rank': ..., 'buckets': [...]}"
             )
-        self.policy_version = version  # the server holds these weights now, flushed or not
+        took_weights(self, version, spec)  # the server holds these weights now, flushed or not
         flushed = time.monotonic()
         self._stale_cache = True  # until a flush succeeds: the radix cache holds KV of the old weights
         await self.flush_cache()

@@ -42,6 +42,8 @@ class TakenBatch:
 
     groups: list[Group]
     stale_steps: int = 0
+    ahead_steps: int = 0
+    """Steps of a version the learner had not reached (never trained: see `guirl.learner.lineage`)."""
     partial_groups: int = 0
 
     @property
@@ -136,8 +138,11 @@ class TrajectoryBuffer:
         for g in groups:
             kept: dict[int, Trajectory] = {}
             for index, traj in g.members.items():
-                fresh = [s for s in traj.steps if max(s.policy_version, 0) >= oldest]
-                batch.stale_steps += len(traj.steps) - len(fresh)
+                # the bound holds both ways: a version the learner has not reached is no policy it had
+                ahead = sum(1 for s in traj.steps if s.policy_version > learner_version)
+                fresh = [s for s in traj.steps if oldest <= max(s.policy_version, 0) <= learner_version]
+                batch.stale_steps += len(traj.steps) - len(fresh) - ahead
+                batch.ahead_steps += ahead
                 if fresh:
                     kept[index] = traj if len(fresh) == len(traj.steps) else _with_steps(traj, fresh)
             if not kept:
@@ -147,6 +152,7 @@ class TrajectoryBuffer:
             batch.partial_groups += int(len(kept) < self.n_samples)
             batch.groups.append(g)
         self.counts["steps.stale_dropped"] += batch.stale_steps
+        self.counts["steps.ahead_dropped"] += batch.ahead_steps
         return batch
 
     def state(self) -> dict[str, int]:

@@ -48,7 +48,7 @@ class WeightSyncError(RuntimeError):
 
 
 class WeightGroupTimeout(WeightSyncError, TimeoutError):
-    """A peer did not show up (or stopped answering) within the group's `timeout_s`; retrying may work."""
+    """A peer did not show up (`join_timeout_s`) or stopped answering (`timeout_s`); retrying may work."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,13 @@ class WeightGroupSpec:
     backend: Backend = "gloo"
     """`gloo` (CPU tensors; the only one tested here) or `nccl` (CUDA tensors)."""
     timeout_s: float = 120.0
-    """How long joining, and each collective, may wait for the peers before failing."""
+    """How long each collective (a tensor's or a bucket's broadcast) may wait for the peers before failing."""
+    join_timeout_s: float = 30.0
+    """How long an engine (rank > 0) may wait to form the group (the learner's store to answer, every
+    member to connect), apart from the transfer: a learner that died before the group formed costs the
+    engines this much, not `timeout_s`. The learner itself waits `timeout_s` for the engines, which join
+    only once the broker has drained them. (NCCL forms its communicator lazily, at the first broadcast:
+    under `nccl` that one waits `timeout_s`.)"""
     layout: Literal["guirl", "sglang"] = "guirl"
     """`guirl`: the store keys and wire format of this module (hf engines). `sglang`: SGLang's
     (`init_custom_process_group`'s key prefixes; no header, the bucket plan travels over HTTP as
@@ -83,6 +89,8 @@ class WeightGroupSpec:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
         if self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.join_timeout_s <= 0:
+            raise ValueError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
         if self.layout not in ("guirl", "sglang"):
             raise ValueError(f"layout must be 'guirl' or 'sglang', got {self.layout!r}")
 
@@ -180,13 +188,15 @@ class _Group:
 
     def __init__(self, spec: WeightGroupSpec, rank: int) -> None:
         self.spec, self.rank = spec, rank
-        timeout = timedelta(seconds=spec.timeout_s)
+        join_s = spec.join_timeout_s if rank > 0 else spec.timeout_s  # forming the group
+        timeout = timedelta(seconds=join_s)
+        self.op_timeout = timedelta(seconds=spec.timeout_s)  # each collective
         self.device = torch.device("cpu")
         start = time.monotonic()
         try:
             if rank > 0:
                 _wait_for_listener(spec)  # bounded: the store client's own retries take ~3x its timeout
-            left = timedelta(seconds=max(1.0, spec.timeout_s - (time.monotonic() - start)))
+            left = timedelta(seconds=max(1.0, join_s - (time.monotonic() - start)))
             # is_master waits (wait_for_workers) until all world_size members have connected, or times out.
             if rank == 0:  # listening on the group's host only (a plain TCPStore binds every interface)
                 self.store = listening_store(spec.host, spec.port, spec.world_size, left)
@@ -214,12 +224,14 @@ class _Group:
                 raise WeightSyncError(f"{spec.where}: rank {rank} could not form the group: {exc}") from exc
             raise WeightGroupTimeout(
                 f"{spec.where}: rank {rank} could not form the group of {spec.world_size} within "
-                f"{spec.timeout_s:g} s ({'engines' if rank == 0 else 'the learner'} did not join?): {exc}"
+                f"{join_s:g} s ({'engines' if rank == 0 else 'the learner'} did not join?): "
+                f"{exc}"
             ) from exc
 
     def broadcast(self, t: torch.Tensor) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
+        opts.timeout = self.op_timeout
         try:
             self.pg.broadcast([t], opts).wait()
         except RuntimeError as exc:
@@ -252,8 +264,8 @@ def _nccl_group(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
 
 
 def _wait_for_listener(spec: WeightGroupSpec) -> None:
-    """Until the learner's store accepts connections, or `timeout_s` has passed."""
-    deadline = time.monotonic() + spec.timeout_s
+    """Until the learner's store accepts connections, or `join_timeout_s` has passed."""
+    deadline = time.monotonic() + spec.join_timeout_s
     delay = 0.02
     while True:
         left = deadline - time.monotonic()
@@ -263,7 +275,8 @@ def _wait_for_listener(spec: WeightGroupSpec) -> None:
         except OSError as exc:
             if left <= 0:
                 raise WeightGroupTimeout(
-                    f"{spec.where}: the learner (rank 0) did not open it within {spec.timeout_s:g} s: {exc}"
+                    f"{spec.where}: the learner (rank 0) did not open it within {spec.join_timeout_s:g} s: "
+                    f"{exc}"
                 ) from exc
         time.sleep(min(delay, max(0.0, left)))  # a retry backoff, not synchronisation
         delay = min(delay * 2, 0.5)
@@ -305,7 +318,7 @@ class WeightSender(_Member):
 
     def open(self, spec: WeightGroupSpec) -> None:
         """Create the store (as its master) and the group; fails with `WeightGroupTimeout` when the
-        engines do not all join within `spec.timeout_s`."""
+        engines do not all join within `spec.join_timeout_s`."""
         self._join(spec, 0)
 
     def broadcast(
@@ -467,7 +480,7 @@ class WeightReceiver(_Member):
 
     def open(self, spec: WeightGroupSpec, rank: int) -> None:
         """Join the learner's group as `rank`; fails with `WeightGroupTimeout` when the learner does not
-        show up within `spec.timeout_s`."""
+        show up within `spec.join_timeout_s`."""
         if not 0 < rank < spec.world_size:
             raise ValueError(
                 f"{spec.where}: an engine's rank must be in 1..{spec.world_size - 1}, got {rank}"

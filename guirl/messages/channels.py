@@ -12,6 +12,7 @@ from guirl.messages.types import (
     EchoReply,
     EpisodeAssignment,
     EpisodeEnded,
+    EpisodeRejected,
     ErrorReply,
     Heartbeat,
     LearnerResumed,
@@ -41,6 +42,7 @@ CoordinatorChannel = (
     | EpisodeEnded
     | WeightsPublished
     | LearnerResumed
+    | EpisodeRejected
 )
 PolicyChannel = Control | Ack | PolicyRequest | PolicyResponse | WeightsPublished
 PRMChannel = Control | Ack | Transition | StepScore
@@ -63,6 +65,7 @@ ANY = (
     | Trajectory
     | WeightsPublished
     | LearnerResumed
+    | EpisodeRejected
 )
 """Every message type: for tools (replay, inspection) that must read any channel."""
 

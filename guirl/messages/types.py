@@ -311,6 +311,9 @@ class PolicyResponse(Message):
     logprobs: Tensor | None = None
     finish_reason: Literal["stop", "length", "abort"] = "stop"
     policy_version: int = -1
+    policy_epoch: int = 0
+    """The learner's lineage the version belongs to (`WeightsPublished.epoch`): a version number names
+    weights only together with it."""
     engine: str = ""
     latency_s: float = 0.0
     error: str = ""
@@ -369,6 +372,8 @@ class StepSample(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: Tensor
     images: list[Image] = []
     policy_version: int = -1
+    policy_epoch: int = 0
+    """The learner lineage of `policy_version` (see `WeightsPublished.epoch`)."""
     response_text: str = ""
     action: str = ""
     prm_score: float | None = None
@@ -416,10 +421,26 @@ class LearnerResumed(Message):
     trained_groups: list[str] = []
 
 
+class EpisodeRejected(Message):
+    """The learner will not train an episode (its steps were played by a policy outside the learner's
+    lineage: weights a previous learner made after its last checkpoint): the coordinator hands the same
+    sample of the group out again."""
+
+    episode_id: str
+    group_id: str
+    sample_index: int
+    task_id: str
+    reason: str = ""
+
+
 class WeightsPublished(Message):
     """The learner has new weights at `version` (broadcast over the weight group, or at `path`)."""
 
     version: int
+    epoch: int = 0
+    """The learner's lineage: how many times it has restored from a checkpoint (or from the starting
+    weights) in this run. A restarted learner goes back to its checkpoint's version and makes new versions
+    from there, so version numbers repeat across lineages; (epoch, version) names one set of weights."""
     learner_step: int = 0
     path: str = ""
     n_tensors: int = 0

@@ -53,6 +53,15 @@ async def _send(conn, trajectories) -> list[str]:
     return [(await conn.request(t, timeout=60)).note for t in trajectories]
 
 
+async def _send_in_step(conn, groups) -> None:
+    """Each group once the learner has reached the version that played it (a learner never holds a
+    trajectory of a version it has not made: it refuses one), waiting for its checkpoint in between."""
+    for g, group in enumerate(groups):
+        while (await conn.request(StatsRequest())).counters.get("checkpoints", 0) < g:
+            await asyncio.sleep(0.05)  # polling a condition, with the test's deadline around it
+        assert await _send(conn, group) == ["accepted"] * len(group)
+
+
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     cfg = fast_config()
     ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
@@ -74,8 +83,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
         try:
             async with client_actor(cfg) as client:
                 conn = client.connect("learner", learner.endpoints[0], LearnerChannel)
-                for group in groups:
-                    await _send(conn, group)
+                await _send_in_step(conn, groups)
                 await asyncio.wait_for(learner.updates_done.wait(), 120)
         finally:
             learner.request_shutdown("test done")
@@ -102,7 +110,7 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
             first = await sup.start(spec("learner"))
             async with client_actor(cfg) as client:
                 conn = client.connect("learner", first.endpoints[0], LearnerChannel)
-                await _send(conn, groups[0] + groups[1])
+                await _send_in_step(conn, groups[:2])
                 while (await conn.request(StatsRequest())).counters.get("checkpoints", 0) < 2:
                     await asyncio.sleep(0.05)  # polling a condition, with the test's deadline around it
             sup.kill("learner")

@@ -152,8 +152,8 @@ def test_engine_rejects_a_broadcast_of_another_version(ckpt: Path) -> None:
             proc.kill()
 
 
-def test_receiver_without_learner_times_out() -> None:
-    spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=1.5)
+def test_receiver_without_learner_times_out_after_the_join_time_not_the_transfer_time() -> None:
+    spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=600, join_timeout_s=1.5)
     receiver = WeightReceiver()
     started = time.monotonic()
     with pytest.raises(WeightGroupTimeout, match=r"learner \(rank 0\) did not open it within 1.5 s"):

@@ -35,6 +35,7 @@ from guirl.messages.types import (
     EchoReply,
     EpisodeAssignment,
     EpisodeEnded,
+    EpisodeRejected,
     ErrorReply,
     Heartbeat,
     Image,
@@ -165,6 +166,9 @@ EXAMPLES: dict[type, Message] = {
     ),
     WeightsPublished: WeightsPublished(version=6, learner_step=60, path="/ckpt/6", n_tensors=3, nbytes=1024),
     LearnerResumed: LearnerResumed(version=4, trained_groups=["t@0", "t@1"]),
+    EpisodeRejected: EpisodeRejected(
+        episode_id="e9", group_id="t@2", sample_index=1, task_id="t", reason="version 3 of epoch 0"
+    ),
 }
 
 ANY_TYPES = typing.get_args(ANY)
