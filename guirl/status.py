@@ -67,12 +67,15 @@ class StatusWriter:
         }
 
     def maybe(self, sup: Any, *, force: bool = False) -> None:
-        """Write the status if `interval_s` has passed (and start asking the broker for the next one)."""
+        """Write the status if `interval_s` has passed (and start asking the broker for the next one;
+        `force`: now, the run's last picture, asking nobody)."""
         now = time.monotonic()
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
-        if self._broker is not None and (self._asking is None or self._asking.done()):
+        if force and self._asking is not None:
+            self._asking.cancel()
+        elif self._broker is not None and (self._asking is None or self._asking.done()):
             self._asking = asyncio.create_task(self._ask_broker(), name="status-broker")
         write_json_atomic(self.path, self.snapshot(sup), indent=1)
 
@@ -203,7 +206,9 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
         lines.append(f"engines: {doc['error']}")
     for name, e in (doc.get("engines") or {}).items():
         behind = ""
-        if e.get("epoch") != learner.get("epoch") or e.get("version") != learner.get("version"):
+        engine_at = (e.get("epoch"), max(0, e.get("version") or 0))  # -1: the starting weights, version 0
+        learner_at = (learner.get("epoch"), learner.get("version"))
+        if learner.get("epoch") is not None and engine_at != learner_at:
             behind = "  <- not the learner's weights"
             if doc.get("pending_weight_updates"):
                 behind += " (an update is under way)"

@@ -185,6 +185,7 @@ async def _follow(
     kill_at = cfg.train.fault_kill_worker_at_version
     kill_prm_at = cfg.train.fault_kill_prm_at_version
     kill_learner_at = cfg.train.fault_kill_learner_at_version
+    monkey = getattr(status, "monkey", None)
     while True:
         coord.progress.clear()
         try:
@@ -194,6 +195,8 @@ async def _follow(
         tracking.poll(coord, started)
         if status is not None:
             status.maybe(sup, coord)
+        if monkey is not None:
+            monkey.tick()
         for e in sup.history:
             if e.kind == "gave_up":
                 raise EvalError(f"actor {e.name} kept crashing ({e.detail}); see its log")
@@ -230,6 +233,21 @@ async def _follow(
             out.write(line + "\n")
             out.flush()
         last = line
+
+
+def _chaos(cfg: GuirlConfig, run_dir: Path, sup: Any, coord: Any, writer: Any, out: TextIO) -> Any:
+    """The run's chaos monkey (`train.chaos_seed`), or None."""
+    t = cfg.train
+    if not t.chaos_seed:
+        return None
+    from guirl.chaos import ChaosMonkey, Schedule
+
+    targets = [n for n in sup.actors if n != "coordinator"] + ["vm"]
+    schedule = Schedule.generate(
+        t.chaos_seed, targets=targets, n_faults=t.chaos_faults, span_s=t.chaos_span_s
+    )
+    out.write(f"[train] {schedule.describe()}\n")
+    return ChaosMonkey(schedule, run_dir, sup, coord, writer)
 
 
 def _learner_restarts(run_dir: Path) -> int:
@@ -435,6 +453,7 @@ async def _train(
             f"[train] resuming at version {learned['version']} from {resume_from}; {again} group(s) again",
             file=out,
         )
+    monkey = None
     coord_task = await coord.start()
     try:
         async with Supervisor(cfg, run_dir=str(run_dir), launchers=cluster.launchers) as sup:
@@ -501,7 +520,13 @@ async def _train(
                 writer = StatusWriter(run_dir, coord, mode="train")
                 writer.watch_broker(broker.endpoints[0])
                 status = StatusPrinter(cluster, cluster.status_interval_s, out, writer)
-                await _follow(coord, sup, cfg, run_dir, out, tracking, status)
+                monkey = _chaos(cfg, run_dir, sup, coord, writer, out)
+                status.monkey = monkey
+                try:
+                    await _follow(coord, sup, cfg, run_dir, out, tracking, status)
+                finally:
+                    if monkey is not None:
+                        monkey.release()  # nothing is left stopped
             finally:  # no add/remove may run while (or after) the actors are stopped
                 await cluster.close()
             coord.no_more_groups = True  # the updates are made: let the last evaluation finish
@@ -559,6 +584,8 @@ async def _train(
         "episodes_reissued": coord.counters["episodes.reissued_version_mismatch"],
         "groups_reissued": coord.counters["groups.reissued"],
     }
+    if monkey is not None:
+        summary["chaos"] = {"seed": t.chaos_seed, "faults": monkey.counts(), "injected": len(monkey.injected)}
     write_json_atomic(run_dir / "summary.json", summary)
     out.write(update_table(metrics))
     print(

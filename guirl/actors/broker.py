@@ -286,7 +286,8 @@ class InferenceBroker(Actor):
         self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
         self._updating = asyncio.Lock()  # weight updates take turns (each drains the engines)
-        self._pending_updates: list[tuple[str, asyncio.Future]] = []  # (sender, update) while they run
+        self._pending_updates: list[tuple[str, asyncio.Task]] = []  # (sender, update) while they run
+        self.policy_epoch = 0  # the learner lineage of the policy engines' weights (`WeightsPublished.epoch`)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -390,10 +391,18 @@ class InferenceBroker(Actor):
         actor = sender.split("/", 1)[0]  # a routing id is the actor's name and its process's own suffix
         for other, pending in self._pending_updates:
             # superseded: given up on by its sender, or sent by a learner that has restarted since
-            if other.split("/", 1)[0] == actor and not pending.done():
+            if other.split("/", 1)[0] == actor and not pending.done() and not pending.cancelling():
                 self.counters["weights.superseded"] += 1
                 pending.cancel()
-        update = asyncio.ensure_future(self._update_weights(msg))
+        if msg.epoch < self.policy_epoch:
+            # a dead learner's update, handled after its successor's: it would put the engines back on
+            # weights outside the new learner's lineage
+            self.counters["weights.stale_epoch"] += 1
+            return ErrorReply(
+                code="version",
+                message=f"update of epoch {msg.epoch}: the engines serve epoch {self.policy_epoch} already",
+            )
+        update = asyncio.create_task(self._update_weights(msg))
         entry = (sender, update)
         self._pending_updates.append(entry)
         try:
@@ -411,7 +420,7 @@ class InferenceBroker(Actor):
 
     def on_peer_dead(self, name: str, error: Exception) -> None:
         for sender, update in self._pending_updates:
-            if sender == name and not update.done():
+            if sender == name and not update.done() and not update.cancelling():
                 log.warning("%s, the sender of a pending weight update, is dead (%s): abandoned", name, error)
                 update.cancel()
 
@@ -675,7 +684,7 @@ class InferenceBroker(Actor):
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:
             raise failed
-        self.policy_version = msg.version
+        self.policy_version, self.policy_epoch = msg.version, msg.epoch
         self.counters["weights.updates"] += 1
 
     @contextlib.asynccontextmanager

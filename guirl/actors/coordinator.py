@@ -46,6 +46,8 @@ from guirl.vmpool.tasks.suite import SuiteTask
 
 log = logging.getLogger(__name__)
 
+EPISODE_LEDGER = "episodes.jsonl"
+
 
 @dataclass
 class _Todo:
@@ -112,6 +114,8 @@ class Coordinator(Actor):
         the coordinator runs (the cloud reaper takes a silent run's instances for leaked)."""
         super().__init__(name, **kwargs)
         self.heartbeat_dir = Path(heartbeat_dir) if heartbeat_dir else None
+        # every assignment and every end state, a line each (the chaos suite checks one end per episode)
+        self.ledger = self.heartbeat_dir / EPISODE_LEDGER if self.heartbeat_dir else None
         self.heartbeat_s = heartbeat_s
         if mode not in ("eval", "train"):
             raise ValueError(f"mode must be 'eval' or 'train', got {mode!r}")
@@ -150,6 +154,7 @@ class Coordinator(Actor):
         self.state_path = Path(state_path) if state_path else None
         self.admitted_groups: dict[str, str] = {}  # group id -> task id, in admission order (train mode)
         self.reissued = 0
+        self.rejections: collections.Counter[tuple[str, int]] = collections.Counter()
         self.eval_tasks = list(eval_tasks or [])
         self.eval_every = eval_every
         self.eval_log = Path(eval_log) if eval_log else None
@@ -311,10 +316,22 @@ class Coordinator(Actor):
         again whole after a learner restart, or the run is ending)."""
         self.counters["episodes.rejected_by_learner"] += 1
         task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
-        if self.mode != "train" or self.closing or task is None or not 0 <= rej.sample_index < self.n_samples:
+        ending = self.closing or self.no_more_groups
+        if self.mode != "train" or ending or task is None or not 0 <= rej.sample_index < self.n_samples:
             return Ack(ok=False, note="not handed out again: the run is ending, or no such task or sample")
         if self.admitted_groups.get(rej.group_id) != rej.task_id:
             return Ack(ok=False, note=f"group {rej.group_id!r} is not one in play: not handed out again")
+        key = (rej.group_id, rej.sample_index)
+        self.rejections[key] += 1
+        if self.rejections[key] > self.max_attempts:  # engines that never get the learner's weights
+            self.counters["episodes.rejected_not_reissued"] += 1
+            log.error(
+                "sample %d of %s rejected %d times: not handed out again",
+                key[1],
+                key[0],
+                self.rejections[key],
+            )
+            return Ack(ok=False, note="rejected too often: not handed out again")
         self.todo.appendleft(_Todo(task, rej.sample_index, 0, rej.group_id))
         self.counters["episodes.reissued_version_mismatch"] += 1
         log.warning(
@@ -326,6 +343,18 @@ class Coordinator(Actor):
             rej.group_id,
         )
         return Ack(note="handed out again")
+
+    def _log_episode(self, kind: str, episode_id: str, **fields: Any) -> None:
+        if self.ledger is None:
+            return
+        line = {"time": round(time.time(), 3), "kind": kind, "episode_id": episode_id, **fields}
+        try:
+            with open(self.ledger, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as exc:  # a full disk must not stop the run; it is counted and said once
+            self.counters["ledger.unwritten"] += 1
+            if self.counters["ledger.unwritten"] == 1:
+                log.error("cannot write %s: %s", self.ledger, exc)
 
     def finish(self) -> None:
         """The run is over (train mode: the learner made its updates): hand out nothing more; episodes
@@ -348,6 +377,16 @@ class Coordinator(Actor):
         episode_id = f"ep{self._seq:05d}"
         self.running[episode_id] = _Running(todo, peer, worker)
         self.counters["episodes.assigned"] += 1
+        self._log_episode(
+            "assigned",
+            episode_id,
+            task_id=todo.task.task_id,
+            group_id=todo.group_id,
+            sample_index=todo.sample_index,
+            attempt=todo.attempt,
+            worker=worker,
+            eval=todo.eval_version >= 0,
+        )
         return EpisodeAssignment(
             episode_id=episode_id,
             task_id=todo.task.task_id,
@@ -372,6 +411,7 @@ class Coordinator(Actor):
             self.counters["episodes.unknown_end"] += 1
             return Ack(ok=False, note=f"episode {eid!r} was never assigned")
         self.ended[eid] = ended
+        self._log_episode("ended", eid, status=ended.status, env_error=ended.env_error, score=ended.score)
         self.counters[f"episodes.{ended.status}"] += 1
         todo = run.todo
         key = (todo.group_id, todo.sample_index)
@@ -477,6 +517,7 @@ class Coordinator(Actor):
             for eid in lost:
                 self.counters["episodes.cut_by_end"] += 1
                 self.ended[eid] = EpisodeEnded(episode_id=eid, status="aborted", reason="run ended")
+                self._log_episode("ended", eid, status="aborted", env_error="", score=None)
                 del self.running[eid]
             return
         for eid in lost:

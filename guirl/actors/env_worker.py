@@ -551,6 +551,7 @@ class EnvWorker(Actor):
                 episode.versions.add(response.policy_version)
                 record: dict[str, Any] = {
                     "step": step,
+                    "time": round(time.time(), 3),  # when the step was acted (the chaos suite's gaps)
                     "screenshot": f"step_{step:03d}.png",
                     "prompt": _messages_json(prompt.messages),
                     "prompt_images": [list(s) for s in prompt.image_sizes],

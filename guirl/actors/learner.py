@@ -15,6 +15,7 @@ which resumes from the latest checkpoint with fresh ranks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -47,6 +48,8 @@ from guirl.net import free_port, host_address
 
 log = logging.getLogger(__name__)
 
+TRAINED_LEDGER = "trained.jsonl"
+REPUBLISH_MAX_S = 60.0
 REPUBLISH_INTERVAL_S = 5.0
 """At most this often the learner publishes its weights again to engines that may not hold them."""
 
@@ -132,6 +135,8 @@ class Learner(Actor):
         self.lineage: Any = None  # guirl.learner.lineage.Lineage, once restored
         self._republish = False  # the engines may not hold this learner's weights: publish them again
         self._republish_at = 0.0
+        self._republish_backoff = 0.0
+        self._republish_gen = 0  # bumped by each cause to publish again; a delivery clears only its own
         self._rejections: set[asyncio.Task] = set()
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -345,19 +350,25 @@ class Learner(Actor):
         if name == "broker" and self.lineage is not None and self.version > 0:
             log.warning("the broker restarted: publishing version %d to it again", self.version)
             self._republish = True
+            self._republish_gen += 1
             self._arrived.set()
 
     async def _republish_if_needed(self) -> None:
         """Publish the current weights again when the engines may not hold them (a failed publish, a
         restarted broker), at most every few seconds and only while the broker answers."""
-        if not self._republish or self._publishing is not None or self.broker is None:
+        if not self._republish or self.broker is None:
             return
-        now = time.monotonic()
-        if now < self._republish_at or self.broker.state != "alive":
+        if self._publishing is not None and not self._publishing.done():
+            return  # a delivery is under way: it settles the flag
+        if time.monotonic() < self._republish_at or self.broker.state != "alive":
             return
-        self._republish_at = now + REPUBLISH_INTERVAL_S
         self.counters["publish.again"] += 1
         await self._publish(wait=True)
+        if self._republish:  # it failed again: back off (a large model's publish is not free), from its end
+            self._republish_backoff = min(
+                REPUBLISH_MAX_S, max(REPUBLISH_INTERVAL_S, 2 * self._republish_backoff)
+            )
+            self._republish_at = time.monotonic() + self._republish_backoff
 
     # -- the loop ------------------------------------------------------------------------------------
 
@@ -463,6 +474,7 @@ class Learner(Actor):
             self.counters["updates.rejected_batches"] += 1
             log.warning("batch of %d trajectories dropped: %s", len(trajs), exc)
             return None
+        self._log_trained(trajs, samples)
         if cfg.log_advantages:
             self._log_advantages(trajs, samples)
         versions = [s.policy_version for s in samples]
@@ -492,6 +504,22 @@ class Learner(Actor):
             metrics.update(prm_metrics(trajs))
             metrics.update(self.board.take_stats().metrics())
         return metrics
+
+    def _log_trained(self, trajs: list[Trajectory], samples: list) -> None:
+        """`trained.jsonl`: per update, each episode trained and the (epoch, version) of its trained steps
+        (what the chaos suite checks: nothing trained twice, nothing of weights outside the lineage)."""
+        used = {s.episode_id for s in samples}
+        line = {
+            "version": self.version + 1,
+            "epoch": self.lineage.epoch if self.lineage is not None else 0,
+            "episodes": {
+                t.episode_id: [[s.policy_epoch, s.policy_version] for s in t.steps]
+                for t in trajs
+                if t.episode_id in used
+            },
+        }
+        with open(self.run_dir / TRAINED_LEDGER, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     def _log_advantages(self, trajs: list[Trajectory], samples: list) -> None:
         """What each trained step was credited with (`train.log_advantages`): to study the estimator."""
@@ -586,6 +614,7 @@ class Learner(Actor):
 
     async def _deliver(self, version: int, state: dict[str, Any], timings: dict[str, float]) -> None:
         epoch = self.lineage.epoch
+        gen = self._republish_gen
         try:
             done = False
             if self.cfg.weight_sync == "broadcast" and self.broker is not None:
@@ -601,9 +630,11 @@ class Learner(Actor):
             self.counters["publish.failed"] += 1
             log.error("publishing version %d failed: %r", version, exc)
             self._republish = True
+            self._republish_gen += 1
             return
-        if version == self.version:
+        if version == self.version and gen == self._republish_gen:  # nothing asked for it again meanwhile
             self._republish = False
+            self._republish_backoff = 0.0
         self.last_publish = {f"publish.{k}": round(v, 4) for k, v in timings.items()} | {
             "publish.version": version
         }
@@ -688,6 +719,9 @@ class Learner(Actor):
             return False
         self.counters["publish.broadcast_bytes"] += stats
         self.last_broadcast_s = timings["broadcast_s"]
+        if not ok:  # the engines left (the broker abandoned or failed the update): a fresh group next time
+            await self._weights_thread(self._sender.close)
+            self._group = self._sender = None
         return ok
 
     async def _live_ranks(self) -> int:
@@ -718,8 +752,13 @@ class Learner(Actor):
 
         root = self.run_dir / "weights"
         final, tmp = root / f"v{version:06d}", root / f".v{version:06d}.tmp"
+        epoch = str(self.lineage.epoch if self.lineage is not None else 0)
+        with contextlib.suppress(OSError):
+            if (final / "epoch").read_text() == epoch:  # published again: the same weights, which a broker
+                return final  # may be loading right now
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        (tmp / "epoch").write_text(epoch)
         state = savable_state(state, tied=tied_embeddings(self.trainer.model))
         save_file(state, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)  # a resumed run publishes its version again

@@ -701,6 +701,15 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (0 = off)."""
     fault_kill_prm_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
+    chaos_seed: NonNegInt = 0
+    """Chaos (tests and `bench/chaos.py`): inject `chaos_faults` faults drawn from this seed (0 = off):
+    SIGKILL or SIGSTOP/SIGCONT of the broker, the learner, env workers, the PRM, and desktops, at random
+    times after the first update and at chosen moments (mid-broadcast, mid-checkpoint, mid-setup,
+    mid-evaluation); see `guirl.chaos`. Every fault goes to `chaos.jsonl`."""
+    chaos_faults: NonNegInt = 6
+    """How many faults a chaos seed draws."""
+    chaos_span_s: PosFloat = 60.0
+    """Seconds after the first update over which the faults are spread."""
     fault_kill_learner_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL the learner once the engines serve this version (0 = off); it
     restarts from its latest checkpoint, or from the starting weights when it has none."""

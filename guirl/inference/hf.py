@@ -260,14 +260,19 @@ class HFEngine:
                         self._load_state, state, f"weights broadcast as version {version}"
                     )
                 landing = asyncio.get_running_loop().run_in_executor(self._worker(), work)
-                try:
-                    await asyncio.shield(landing)
-                except asyncio.CancelledError:
-                    with contextlib.suppress(Exception):
-                        await landing
-                    if landing.done() and not landing.cancelled() and landing.exception() is None:
+                cancelled = False
+                while not landing.done():  # to its end, however often the update is cancelled meanwhile
+                    try:
+                        await asyncio.shield(landing)
+                    except asyncio.CancelledError:
+                        cancelled = True
+                    except Exception:
+                        break  # its own failure: raised below
+                if cancelled:
+                    if not landing.cancelled() and landing.exception() is None:
                         took_weights(self, version, spec)
-                    raise
+                    raise asyncio.CancelledError
+                landing.result()
             except (OSError, RuntimeError, ValueError) as exc:
                 # A learner that did not show up in time may yet come: that one is worth retrying.
                 raise EngineError(
@@ -314,7 +319,13 @@ class HFEngine:
                 loop.call_soon_threadsafe(settle, result, error)
 
         threading.Thread(target=run, name=f"weights-{self.name}", daemon=True).start()
-        member, (sent_version, state) = await done
+        try:
+            member, (sent_version, state) = await done
+        except asyncio.CancelledError:
+            if done.done() and not done.cancelled() and done.exception() is None:
+                # it was read whole just as the update was abandoned: nobody will use the group
+                threading.Thread(target=done.result()[0].close, daemon=True).start()
+            raise
         self._receiver = member
         if sent_version != version:
             # This engine missed or reordered an update; loading these weights under another version

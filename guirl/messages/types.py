@@ -311,13 +311,13 @@ class PolicyResponse(Message):
     logprobs: Tensor | None = None
     finish_reason: Literal["stop", "length", "abort"] = "stop"
     policy_version: int = -1
-    policy_epoch: int = 0
-    """The learner's lineage the version belongs to (`WeightsPublished.epoch`): a version number names
-    weights only together with it."""
     engine: str = ""
     latency_s: float = 0.0
     error: str = ""
     """Why the engine aborted the request (finish_reason `abort`): the request's fault, never the policy's."""
+    policy_epoch: int = 0
+    """The learner's lineage the version belongs to (`WeightsPublished.epoch`): a version number names
+    weights only together with it."""
 
 
 # --- transitions, scores and trajectories -------------------------------------------------------------
@@ -372,8 +372,6 @@ class StepSample(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: Tensor
     images: list[Image] = []
     policy_version: int = -1
-    policy_epoch: int = 0
-    """The learner lineage of `policy_version` (see `WeightsPublished.epoch`)."""
     response_text: str = ""
     action: str = ""
     prm_score: float | None = None
@@ -383,6 +381,8 @@ class StepSample(msgspec.Struct, frozen=True, kw_only=True):
     prm_status: str = ""
     """Where `prm_score` came from (set by the learner): `scored`; or why there is none: `invalid` (no valid
     vote), `error` (the judge could not be asked), `missing` (no score in time), `dropped` (never sent)."""
+    policy_epoch: int = 0
+    """The learner lineage of `policy_version` (see `WeightsPublished.epoch`)."""
 
 
 class Trajectory(Message):
@@ -437,10 +437,6 @@ class WeightsPublished(Message):
     """The learner has new weights at `version` (broadcast over the weight group, or at `path`)."""
 
     version: int
-    epoch: int = 0
-    """The learner's lineage: how many times it has restored from a checkpoint (or from the starting
-    weights) in this run. A restarted learner goes back to its checkpoint's version and makes new versions
-    from there, so version numbers repeat across lineages; (epoch, version) names one set of weights."""
     learner_step: int = 0
     path: str = ""
     n_tensors: int = 0
@@ -451,3 +447,7 @@ class WeightsPublished(Message):
     buckets: list[dict[str, Any]] = []
     """The `sglang` layout's bucket plan (`SGLangBucket` dicts, in sending order): what each engine asks
     its server to receive, one `update_weights_from_distributed` request per bucket."""
+    epoch: int = 0
+    """The learner's lineage: how many times it has restored from a checkpoint (or from the starting
+    weights) in this run. A restarted learner goes back to its checkpoint's version and makes new versions
+    from there, so version numbers repeat across lineages; (epoch, version) names one set of weights."""

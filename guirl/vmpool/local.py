@@ -150,8 +150,16 @@ class LocalProvider:
             if isinstance(ns, str) and ns.startswith("pid:["):  # a desktop that outlived its bwrap
                 # nobody holds it open any more: its name may be another sandbox's now, unless its own
                 # processes (bwrap's command line names the VM's directory) are still in it
-                if any(f"{vm_dir}/" in _cmdline(pid) for pid in namespace_members(ns)):
-                    kill_namespace(ns)
+                own = next((p for p in namespace_members(ns) if f"{vm_dir}/" in _cmdline(p)), None)
+                fd = None
+                with contextlib.suppress(OSError):  # held open: its name cannot go to another one now
+                    fd = os.open(f"/proc/{own}/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if own else None
+                if fd is not None:
+                    try:
+                        if namespace_name(fd) == ns:
+                            kill_namespace(ns)
+                    finally:
+                        os.close(fd)
             shutil.rmtree(vm_dir, ignore_errors=True)
             Path(tempfile.gettempdir(), f"guirl-{vm_dir.name}").unlink(missing_ok=True)
             reaped.append(vm_dir.name)

@@ -196,14 +196,24 @@ def namespace_name(fd: int) -> str:
     return f"pid:[{os.fstat(fd).st_ino}]"
 
 
-def namespace_members(ns: str) -> list[int]:
-    """The pids (as this host numbers them) of every process in PID namespace `ns`."""
+def namespace_members(ns: str, *, zombies: bool = True) -> list[int]:
+    """The pids (as this host numbers them) of every process in PID namespace `ns` (without `zombies`:
+    only those that have not exited; a zombie holds no file and waits for its parent to reap it)."""
     pids = []
     with os.scandir("/proc") as entries:
         for entry in entries:
             if entry.name.isdigit() and pid_namespace(entry.name) == ns:
-                pids.append(int(entry.name))
+                if zombies or not _zombie(entry.name):
+                    pids.append(int(entry.name))
     return pids
+
+
+def _zombie(pid: int | str) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # gone
+    return stat[stat.rfind(")") + 2 : stat.rfind(")") + 3] in ("Z", "X")
 
 
 def kill_namespace(ns: str, timeout_s: float = 10.0) -> list[int]:
@@ -215,7 +225,7 @@ def kill_namespace(ns: str, timeout_s: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout_s
     while True:
         fds = []
-        for pid in namespace_members(ns):
+        for pid in namespace_members(ns, zombies=False):
             try:
                 fd = os.pidfd_open(pid)
             except OSError:  # gone already
@@ -240,7 +250,7 @@ def kill_namespace(ns: str, timeout_s: float = 10.0) -> list[int]:
         finally:
             for _, fd in fds:
                 os.close(fd)
-        if left:
+        if left or time.monotonic() >= deadline:
             return [pid for pid, fd in fds if fd in left]
         # all those exited; one that forked meanwhile has a child to find (until the namespace's first
         # process is dead, when no process can be created in it any more)

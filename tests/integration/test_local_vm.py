@@ -218,7 +218,11 @@ def test_a_reset_returns_only_when_nothing_of_the_old_desktop_runs(tmp_path):
 
     def hold(vm_state) -> list[int]:
         """pidfds of every process of the VM's sandbox (a pid may be reused, a pidfd names one process)."""
-        return [os.pidfd_open(pid) for pid in namespace_members(namespace_name(vm_state.pidns_fd))]
+        fds = []
+        for pid in namespace_members(namespace_name(vm_state.pidns_fd)):
+            with contextlib.suppress(ProcessLookupError):  # it exited between the scan and the open
+                fds.append(os.pidfd_open(pid))
+        return fds
 
     def still_running(pidfds: list[int]) -> int:
         poller = select.poll()
@@ -235,7 +239,7 @@ def test_a_reset_returns_only_when_nothing_of_the_old_desktop_runs(tmp_path):
                 started = await client.execute(["bash", "-c", writers])
                 assert started["output"].strip() == "ok", started
                 old = hold(provider.vms[vm])
-                assert len(old) >= 8  # bwrap's init, the server, X, the window manager, the writers
+                assert len(old) >= 7  # bwrap's init, the server, X, the writers (and a window manager)
                 await provider.reset(vm)
                 assert still_running(old) == 0
                 assert not list((provider.vms[vm].dir / "home").glob("spam.*"))

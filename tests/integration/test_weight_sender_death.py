@@ -3,8 +3,9 @@ requests queued meanwhile are answered, instead of every engine waiting for the 
 
 The learner here is a process of its own that asks the broker to join a weight group and is SIGKILLed
 before it ever opens it (as a learner killed mid-publish); the broker runs the `hf` engine on the tiny
-Qwen3-VL. The group's join and transfer timeouts are set far beyond the test's deadline, so only the
-abandonment can answer the request in time."""
+Qwen3-VL. The group's transfer timeout (which joining used to wait for) is far beyond the test's deadline;
+its join time is 15 s, and a join that times out fails the update rather than abandoning it, so only the
+abandonment passes."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from guirl.messages.types import (
 )
 from tests.helpers import client_actor, fast_config, run
 
-NEVER_S = 600.0  # the group's timeouts: far past the test's own deadline
+NEVER_S = 600.0  # the group's transfer timeout (which joining waited for before): far past the deadline
+JOIN_S = 15.0  # joining the group now waits this long; the update must be abandoned well before
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +85,7 @@ def test_an_update_whose_sender_dies_is_abandoned_and_queued_requests_are_served
         "world_size": 2,
         "group_name": "guirl-weights-test",
         "timeout_s": NEVER_S,
-        "join_timeout_s": NEVER_S,
+        "join_timeout_s": JOIN_S,
     }
 
     async def main() -> None:
@@ -109,6 +111,8 @@ def test_an_update_whose_sender_dies_is_abandoned_and_queued_requests_are_served
             async with client_actor(cfg) as client:
                 conn = client.connect("broker", broker.endpoints[0], PolicyChannel)
                 reply = await conn.request(_request(0), timeout=60)  # queued behind the update
+            # answered because the update was abandoned (the counter below): a join that timed out
+            # instead would have failed it, not abandoned it
             assert isinstance(reply, PolicyResponse)
             assert reply.policy_version == -1 and engine.policy_version == -1  # the weights it had
             assert broker.counters["weights.abandoned"] == 1 and not slot.draining

@@ -1,0 +1,339 @@
+"""Chaos: seeded fault schedules injected into a running train run, and the invariants a run must keep.
+
+A schedule (`Schedule.generate`) is a list of faults drawn from a seed: at a time after the run's first
+update, or at a moment (`broadcast`: while the broker holds a weight update; `checkpoint`: while the
+learner writes a checkpoint; `setup`: within a second of the target's restart; `eval`: while evaluation
+episodes run), an actor (broker, learner, an env worker, the PRM; never the coordinator, which is the
+driver) or a VM is SIGKILLed (the supervisor, or the pool, restarts it) or SIGSTOPped for a while and then
+SIGCONTed (a hung process). The driver's follow loop calls `ChaosMonkey.tick` and every fault it injects
+is appended to `chaos.jsonl` in the run directory; `Schedule.describe` is what a failing seed prints to
+reproduce itself.
+
+`check_run` reads a finished run directory and lists every broken invariant:
+
+- the run made its updates (`summary.json`);
+- every episode id handed out has exactly one end state (`episodes.jsonl`, the coordinator's ledger);
+- no episode was trained twice, and every trained step was played by weights of the learner's lineage no
+  newer than the update that trained it (`trained.jsonl`, `lineage.json`);
+- no episode that ended in an environment fault was trained or scored;
+- no gap between consecutive env steps (`traj.jsonl` times) longer than the bound given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+CHAOS_LOG = "chaos.jsonl"
+KINDS = ("kill", "stop")
+MOMENTS = ("any", "broadcast", "checkpoint", "setup", "eval")
+
+
+@dataclass(frozen=True)
+class Fault:
+    at_s: float
+    """Seconds after the run's first update (the earliest it may strike; a moment waits for its moment)."""
+    target: str
+    """An actor name, or `vm` (a desktop of env worker 0)."""
+    kind: str
+    """`kill` (SIGKILL) or `stop` (SIGSTOP, then SIGCONT after `hold_s`)."""
+    moment: str = "any"
+    hold_s: float = 0.0
+
+
+@dataclass
+class Schedule:
+    seed: int
+    faults: list[Fault] = field(default_factory=list)
+    garbage: bool = True
+    """A hostile peer sends malformed messages to every actor's endpoint throughout."""
+
+    @classmethod
+    def generate(
+        cls,
+        seed: int,
+        *,
+        targets: list[str],
+        n_faults: int,
+        span_s: float,
+        max_hold_s: float = 4.0,
+        moments: tuple[str, ...] = MOMENTS,
+    ) -> Schedule:
+        """`n_faults` faults spread over `span_s` seconds, each on one of `targets` (actor names and `vm`)."""
+        if not targets or n_faults < 0 or span_s <= 0:
+            raise ValueError("a schedule needs targets, n_faults >= 0 and span_s > 0")
+        rng = random.Random(seed)
+        faults = []
+        for i in range(n_faults):
+            target = rng.choice(targets)
+            kind = "kill" if target == "vm" else rng.choice(KINDS)
+            moment = rng.choice(moments) if target in ("learner", "broker") else "any"
+            if moment == "checkpoint" and target != "learner":
+                moment = "any"
+            at = round(span_s * (i + rng.random()) / max(1, n_faults), 2)
+            hold = round(rng.uniform(0.5, max_hold_s), 2) if kind == "stop" else 0.0
+            faults.append(Fault(at_s=at, target=target, kind=kind, moment=moment, hold_s=hold))
+        return cls(seed, faults)
+
+    def describe(self) -> str:
+        """The schedule, as a failing run prints it (seed first: it regenerates the whole schedule)."""
+        lines = [f"chaos seed {self.seed}: {len(self.faults)} faults"]
+        lines += [
+            f"  +{f.at_s:6.2f} s  {f.kind:<4} {f.target:<10} at {f.moment}"
+            + (f" for {f.hold_s:.2f} s" if f.kind == "stop" else "")
+            for f in self.faults
+        ]
+        return "\n".join(lines)
+
+
+class ChaosMonkey:
+    """Injects a schedule's faults into a run (see the module docstring). `tick` is cheap: call it from
+    the driver's loop as often as it wakes."""
+
+    MOMENT_WAIT_S = 30.0
+    """How long a fault waits for its moment before striking anyway (so every fault is injected)."""
+
+    def __init__(self, schedule: Schedule, run_dir: Path, sup: Any, coord: Any, writer: Any = None) -> None:
+        self.schedule, self.run_dir, self.sup, self.coord = schedule, Path(run_dir), sup, coord
+        self.writer = writer  # the run's StatusWriter: what the broker said last (weight updates under way)
+        self.pending = list(schedule.faults)
+        self.started: float | None = None  # the first update's time: faults count from there
+        self.injected: list[dict[str, Any]] = []
+        self._stopped: dict[int, Any] = {}  # pid -> the timer that will SIGCONT it
+        self._junk: Any = None
+        self._junk_connected: set[str] = set()
+        self.garbage_sent = 0
+        self._next_junk = 0.0
+        self._rng = random.Random(schedule.seed)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.schedule.garbage and now >= self._next_junk:
+            self._next_junk = now + 0.5
+            endpoints = [ep for h in self.sup.actors.values() if h.alive for ep in h.endpoints]
+            endpoints += list(getattr(self.coord, "endpoints", []) or [])
+            self.garbage([ep for ep in endpoints if ep.startswith(("tcp://", "ipc://"))], self._rng)
+        if self.started is None:
+            if self.coord.learner_version < 1:
+                return
+            self.started = now
+        for fault in list(self.pending):  # each on its own: one waiting for its moment holds no other up
+            due = self.started + fault.at_s
+            if now < due:
+                continue
+            on_moment = self._moment(fault)
+            if not on_moment and now < due + self.MOMENT_WAIT_S:
+                continue
+            self.pending.remove(fault)
+            self._inject(fault, on_moment=on_moment)
+
+    def _moment(self, fault: Fault) -> bool:
+        if fault.moment == "broadcast":
+            engines = getattr(self.writer, "_engines", {}) or {}
+            return bool(engines.get("pending_weight_updates"))
+        if fault.moment == "checkpoint":
+            return any((self.run_dir / "checkpoints").glob(".v*.tmp"))
+        if fault.moment == "setup":
+            recent = [e for e in self.sup.history if e.kind == "restarted" and e.name == fault.target]
+            return bool(recent) and time.time() - recent[-1].at < 1.0
+        if fault.moment == "eval":
+            return any(run.todo.eval_version >= 0 for run in self.coord.running.values())
+        return True
+
+    def _inject(self, fault: Fault, *, on_moment: bool) -> None:
+        pid = 0
+        done = ""
+        try:
+            if fault.target == "vm":
+                pid = _kill_a_desktop(self.run_dir)
+                done = "killed a desktop" if pid else "no desktop to kill"
+            elif fault.target not in self.sup.actors or not self.sup.actors[fault.target].alive:
+                done = "not running"
+            elif fault.kind == "kill":
+                pid = self.sup.kill(fault.target)
+                done = "killed"
+            else:
+                pid = self.sup.kill(fault.target, signal.SIGSTOP)
+                loop = asyncio.get_running_loop()
+                self._stopped[pid] = loop.call_later(fault.hold_s, self._cont, pid)
+                done = f"stopped for {fault.hold_s:.2f} s"
+        except (ProcessLookupError, KeyError, OSError) as exc:
+            done = f"could not: {exc}"
+        line = {
+            "time": round(time.time(), 3),
+            **asdict(fault),
+            "pid": pid,
+            "on_moment": on_moment,
+            "done": done,
+        }
+        self.injected.append(line)
+        with open(self.run_dir / CHAOS_LOG, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    # -- a hostile peer ---------------------------------------------------------------------------------
+
+    def garbage(self, endpoints: list[str], rng: random.Random) -> None:
+        """Send each of `endpoints` one malformed message (as a stranger on the network would): random bytes,
+        an empty frame, too many frames, a truncated or oversized body, a valid header around junk. The
+        actors must drop it, count it, and go on."""
+        import zmq
+
+        if self._junk is None:
+            self._junk = zmq.Context.instance().socket(zmq.DEALER)
+            self._junk.setsockopt(zmq.LINGER, 0)
+            self._junk.setsockopt(zmq.SNDHWM, 100)
+            self._junk.setsockopt(zmq.IMMEDIATE, 1)
+        for ep in endpoints:
+            if ep not in self._junk_connected:
+                self._junk.connect(ep)
+                self._junk_connected.add(ep)
+        choices = [
+            [b"", rng.randbytes(rng.randint(1, 64))],
+            [b""],
+            [b"", b"\x82\xa4type\xa9heartbeat"],
+            [b"", *[b"x"] * 40],
+            [b"", b"\xdf\xff\xff\xff\xff" + rng.randbytes(16)],
+            [b"", b"\x00" * (1 << 20)],
+            [rng.randbytes(8)],
+        ]
+        for _ in endpoints:  # DEALER round-robins its peers: one message each
+            with contextlib.suppress(zmq.Again):
+                self._junk.send_multipart(rng.choice(choices), flags=zmq.NOBLOCK)
+                self.garbage_sent += 1
+
+    def _cont(self, pid: int) -> None:
+        self._stopped.pop(pid, None)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    def release(self) -> None:
+        """SIGCONT every process still stopped (before the run stops its actors); close the junk socket."""
+        for pid, timer in list(self._stopped.items()):
+            timer.cancel()
+            self._cont(pid)
+        if self._junk is not None:
+            self._junk.close(0)
+            self._junk = None
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for line in self.injected:
+            key = f"{line['kind']}.{line['target']}"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+
+def _kill_a_desktop(run_dir: Path) -> int:
+    """SIGKILL the session (bwrap) of one local desktop of the run: its pool sees it dead and replaces it."""
+    for state in sorted((run_dir / "vms").glob("*/vm-*/vm.json")):
+        try:
+            pid = int(json.loads(state.read_text()).get("session") or 0)
+        except (OSError, ValueError):
+            continue
+        if pid > 0 and str(state.parent) in _cmdline(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                return pid
+    return 0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# -- the invariants ---------------------------------------------------------------------------------------
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: float | None = None) -> dict:
+    """The invariants of a finished train run (see the module docstring): `violations` (must be empty) and
+    the figures they were checked on."""
+    from guirl.learner.lineage import LINEAGE_FILE, Lineage
+
+    run = Path(run_dir)
+    violations: list[str] = []
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else {}
+    if not summary:
+        violations.append("no summary.json: the run did not finish")
+    elif updates is not None and summary.get("final_version") != updates:
+        violations.append(f"the run ended at version {summary.get('final_version')}, not {updates}")
+
+    ledger = _jsonl(run / "episodes.jsonl")
+    assigned = [x["episode_id"] for x in ledger if x["kind"] == "assigned"]
+    ends: dict[str, list[dict]] = {}
+    for x in ledger:
+        if x["kind"] == "ended":
+            ends.setdefault(x["episode_id"], []).append(x)
+    if len(set(assigned)) != len(assigned):
+        violations.append("an episode id was handed out twice")
+    for eid in assigned:
+        n = len(ends.get(eid, []))
+        if n != 1:
+            violations.append(f"episode {eid} has {n} end states")
+    for eid in set(ends) - set(assigned):
+        violations.append(f"episode {eid} ended without being handed out")
+    faulted = {
+        e for e, xs in ends.items() if any(x["status"] != "completed" or x.get("env_error") for x in xs)
+    }
+
+    forks: list[int] = []
+    if (run / LINEAGE_FILE).is_file():
+        forks = json.loads((run / LINEAGE_FILE).read_text())["forks"]
+    trained_seen: set[str] = set()
+    samples = 0
+    for line in _jsonl(run / "trained.jsonl"):
+        epoch, version = line["epoch"], line["version"]
+        lineage = Lineage(forks[: epoch + 1]) if forks else None
+        for eid, steps in line["episodes"].items():
+            if eid in trained_seen:
+                violations.append(f"episode {eid} trained twice (again at version {version}, epoch {epoch})")
+            trained_seen.add(eid)
+            if eid in faulted:
+                violations.append(f"episode {eid} ended in a fault but was trained at version {version}")
+            for step_epoch, step_version in steps:
+                samples += 1
+                if lineage is not None and not lineage.holds(step_epoch, step_version, version - 1):
+                    violations.append(
+                        f"episode {eid}: a step of version {step_version} (epoch {step_epoch}) trained by "
+                        f"update {version} of epoch {epoch}, outside the lineage {forks[: epoch + 1]}"
+                    )
+
+    times = sorted(
+        float(rec["time"])
+        for traj in run.glob("episodes/*/*/traj.jsonl")
+        for rec in _jsonl(traj)
+        if isinstance(rec.get("time"), (int, float))
+    )
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    max_gap = max(gaps, default=0.0)
+    if max_gap_s is not None and max_gap > max_gap_s:
+        violations.append(f"{max_gap:.1f} s without an env step (bound {max_gap_s:.1f} s)")
+    gaps.sort()
+    p99 = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else 0.0
+    return {
+        "violations": violations,
+        "episodes": len(assigned),
+        "episodes_faulted": len(faulted),
+        "episodes_trained": len(trained_seen),
+        "samples_trained": samples,
+        "env_steps": len(times),
+        "max_gap_s": round(max_gap, 2),
+        "p99_gap_s": round(p99, 2),
+        "learner_epochs": len(forks),
+    }

@@ -1,0 +1,116 @@
+"""The standing chaos suite: a real `guirl train` run (broker with the tiny model, learner, env worker on
+local desktops) under a seeded fault schedule of SIGKILLs and SIGSTOP/SIGCONTs of every actor kind and
+of desktops, with a hostile peer sending malformed messages to every actor throughout; every invariant of
+`guirl.chaos.check_run` must hold. A failing seed prints the schedule that reproduces it
+(`--set train.chaos_seed=SEED` on the same command)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guirl.chaos import Schedule, check_run
+from guirl.config.schema import ENV_VARS
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
+
+GAP_BOUND_S = 60.0
+"""No env step for longer than this: detection (3 s of missed heartbeats) + an actor's restart (the
+broker loads its model: ~10 s on 2 cores, the learner ~10 s) + one episode (2 steps) + a SIGSTOP's hold
+(<= 4 s), with room for a slow CI machine."""
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    from guirl.model.tiny import ensure_tiny_checkpoint
+
+    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+
+
+@pytest.mark.parametrize("seed", [11])
+def test_an_rl_run_under_chaos_keeps_every_invariant(tmp_path, tiny_ckpt, seed):
+    updates = 6
+    cmd = [
+        *GUIRL,
+        "train",
+        "--config",
+        str(ROOT / "configs" / "local_rl.toml"),
+        "--ckpt",
+        tiny_ckpt,
+        "--updates",
+        str(updates),
+        "--max-steps",
+        "2",
+        "--set",
+        f"run.root_dir={tmp_path}",
+        "--set",
+        "train.checkpoint_every=2",
+        "--set",
+        f"train.chaos_seed={seed}",
+        "--set",
+        "train.chaos_faults=5",
+        "--set",
+        "train.chaos_span_s=40",
+        "--set",
+        "supervisor.max_restarts=10",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    schedule = "\n".join(line for line in out.stdout.splitlines() if "chaos seed" in line or "  +" in line)
+    assert out.returncode == 0, f"{schedule}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    report = check_run(run_dir, updates=updates, max_gap_s=GAP_BOUND_S)
+    injected = [json.loads(x) for x in (run_dir / "chaos.jsonl").read_text().splitlines()]
+    assert report["violations"] == [], f"{schedule}\n{json.dumps(report, indent=1)}"
+    assert len(injected) == 5 and report["env_steps"] > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["chaos"]["injected"] == 5
+
+
+def test_a_schedule_is_its_seed():
+    a = Schedule.generate(7, targets=["broker", "learner", "worker0", "vm"], n_faults=8, span_s=60)
+    b = Schedule.generate(7, targets=["broker", "learner", "worker0", "vm"], n_faults=8, span_s=60)
+    assert a == b and a.describe() == b.describe() and "chaos seed 7: 8 faults" in a.describe()
+    assert [f.at_s for f in a.faults] == sorted(f.at_s for f in a.faults)
+    assert all(f.kind == "kill" for f in a.faults if f.target == "vm")
+    assert all(0.5 <= f.hold_s <= 4.0 for f in a.faults if f.kind == "stop")
+    with pytest.raises(ValueError):
+        Schedule.generate(7, targets=[], n_faults=1, span_s=60)
+
+
+def test_the_checker_finds_what_a_broken_run_did(tmp_path):
+    """Each invariant, broken on purpose in a run directory written by hand, is reported."""
+    run = tmp_path
+    (run / "summary.json").write_text(json.dumps({"final_version": 2}))
+    (run / "lineage.json").write_text(json.dumps({"forks": [0, 1]}))
+    ledger = [
+        {"kind": "assigned", "episode_id": "e1"},
+        {"kind": "ended", "episode_id": "e1", "status": "completed", "env_error": ""},
+        {"kind": "assigned", "episode_id": "e2"},
+        {"kind": "ended", "episode_id": "e2", "status": "retried", "env_error": "VM died"},
+        {"kind": "assigned", "episode_id": "e3"},  # never ended
+        {"kind": "ended", "episode_id": "e4", "status": "completed", "env_error": ""},  # never handed out
+    ]
+    (run / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in ledger))
+    trained = [
+        {"version": 1, "epoch": 0, "episodes": {"e1": [[0, 0]]}},
+        {"version": 2, "epoch": 1, "episodes": {"e1": [[0, 0]], "e2": [[0, 1]], "e5": [[0, 2]]}},
+    ]
+    (run / "trained.jsonl").write_text("".join(json.dumps(x) + "\n" for x in trained))
+    ep = run / "episodes" / "t" / "e1"
+    ep.mkdir(parents=True)
+    (ep / "traj.jsonl").write_text(json.dumps({"time": 100.0}) + "\n" + json.dumps({"time": 190.0}) + "\n")
+    report = check_run(run, updates=3, max_gap_s=60)
+    text = "\n".join(report["violations"])
+    assert "ended at version 2, not 3" in text
+    assert "episode e3 has 0 end states" in text and "e4 ended without being handed out" in text
+    assert "e1 trained twice" in text and "e2 ended in a fault but was trained" in text
+    assert "episode e5: a step of version 2 (epoch 0)" in text  # past epoch 1's fork at version 1
+    assert "90.0 s without an env step" in text
+    assert report["max_gap_s"] == 90.0
