@@ -6,19 +6,13 @@ of desktops, with a hostile peer sending malformed messages to every actor throu
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from guirl.chaos import Schedule, check_run
-from guirl.config.schema import ENV_VARS
-
-ROOT = Path(__file__).resolve().parents[2]
-GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
 
 GAP_BOUND_S = 60.0
 """No env step for longer than this: detection (3 s of missed heartbeats) + an actor's restart (the
@@ -35,42 +29,20 @@ def tiny_ckpt(tmp_path_factory):
 
 @pytest.mark.parametrize("seed", [11])
 def test_an_rl_run_under_chaos_keeps_every_invariant(tmp_path, tiny_ckpt, seed):
-    updates = 6
-    cmd = [
-        *GUIRL,
-        "train",
-        "--config",
-        str(ROOT / "configs" / "local_rl.toml"),
-        "--ckpt",
-        tiny_ckpt,
-        "--updates",
-        str(updates),
-        "--max-steps",
-        "2",
-        "--set",
-        f"run.root_dir={tmp_path}",
-        "--set",
-        "train.checkpoint_every=2",
-        "--set",
-        f"train.chaos_seed={seed}",
-        "--set",
-        "train.chaos_faults=5",
-        "--set",
-        "train.chaos_span_s=40",
-        "--set",
-        "supervisor.max_restarts=10",
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    schedule = "\n".join(line for line in out.stdout.splitlines() if "chaos seed" in line or "  +" in line)
-    assert out.returncode == 0, f"{schedule}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
-    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    report = check_run(run_dir, updates=updates, max_gap_s=GAP_BOUND_S)
+    """One run of `bench/chaos.py` (so the soak cannot rot): 6 updates, 5 faults over 40 s."""
+    from bench.chaos import one_run
+
+    args = argparse.Namespace(updates=6, faults=5, span=40.0, gap_bound=GAP_BOUND_S, prm=False)
+    result = one_run(args, seed, tiny_ckpt, tmp_path)
+    reproduce = f"reproduce: python bench/chaos.py --seed {seed} --minutes 0 --updates 6 --faults 5 --span 40"
+    assert result["violations"] == [], (
+        f"{result.get('schedule', '')}\n{reproduce}\n{json.dumps(result, indent=1)}"
+    )
+    run_dir = Path(result["run_dir"])
     injected = [json.loads(x) for x in (run_dir / "chaos.jsonl").read_text().splitlines()]
-    assert report["violations"] == [], f"{schedule}\n{json.dumps(report, indent=1)}"
-    assert len(injected) == 5 and report["env_steps"] > 0
+    assert len(injected) == 5 and sum(result["faults"].values()) == 5
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["chaos"]["injected"] == 5
+    assert summary["chaos"]["injected"] == 5 and summary["final_version"] == 6
 
 
 def test_a_schedule_is_its_seed():
