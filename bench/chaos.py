@@ -78,6 +78,9 @@ def one_run(args: argparse.Namespace, seed: int, ckpt: str, root: Path) -> dict:
     faults = Counter()
     for line in (run_dir / "chaos.jsonl").read_text().splitlines():
         f = json.loads(line)
+        if f["done"].startswith("not injected"):
+            faults["not_injected"] += 1
+            continue
         faults[f"{f['kind']}.{'worker' if f['target'].startswith('worker') else f['target']}"] += 1
     dropped = Counter(
         {

@@ -98,7 +98,7 @@ class ChaosMonkey:
     """Injects a schedule's faults into a run (see the module docstring). `tick` is cheap: call it from
     the driver's loop as often as it wakes."""
 
-    MOMENT_WAIT_S = 30.0
+    MOMENT_WAIT_S = 15.0
     """How long a fault waits for its moment before striking anyway (so every fault is injected)."""
 
     def __init__(self, schedule: Schedule, run_dir: Path, sup: Any, coord: Any, writer: Any = None) -> None:
@@ -215,7 +215,13 @@ class ChaosMonkey:
             os.kill(pid, signal.SIGCONT)
 
     def release(self) -> None:
-        """SIGCONT every process still stopped (before the run stops its actors); close the junk socket."""
+        """SIGCONT every process still stopped (before the run stops its actors); close the junk socket;
+        list in `chaos.jsonl` the faults the run ended before (nothing of a schedule is left out silently)."""
+        for fault in self.pending:
+            line = {"time": round(time.time(), 3), **asdict(fault), "pid": 0, "on_moment": False}
+            with open(self.run_dir / CHAOS_LOG, "a") as f:
+                f.write(json.dumps({**line, "done": "not injected: the run ended first"}) + "\n")
+        self.pending = []
         for pid, timer in list(self._stopped.items()):
             timer.cancel()
             self._cont(pid)

@@ -243,8 +243,12 @@ def _chaos(cfg: GuirlConfig, run_dir: Path, sup: Any, coord: Any, writer: Any, o
     from guirl.chaos import ChaosMonkey, Schedule
 
     targets = [n for n in sup.actors if n != "coordinator"] + ["vm"]
+    # only moments this run has (a fault waits for its moment, up to ChaosMonkey.MOMENT_WAIT_S)
+    moments = ("any", "broadcast", "setup")
+    moments += ("checkpoint",) if t.checkpoint_every else ()
+    moments += ("eval",) if t.eval_every else ()
     schedule = Schedule.generate(
-        t.chaos_seed, targets=targets, n_faults=t.chaos_faults, span_s=t.chaos_span_s
+        t.chaos_seed, targets=targets, n_faults=t.chaos_faults, span_s=t.chaos_span_s, moments=moments
     )
     out.write(f"[train] {schedule.describe()}\n")
     return ChaosMonkey(schedule, run_dir, sup, coord, writer)
