@@ -18,6 +18,11 @@ from guirl.vmpool.client import PYAUTOGUI_TIMEOUT_S
 from guirl.vmpool.tasks.suite import SuiteTask
 from tests.helpers import fast_config, run
 
+PATIENT = "runtime.heartbeat_liveness=25"
+"""None of these tests is about detecting a dead peer: 5 s of silence before one is declared dead, so a test
+process starved of CPU by a heavy test beside it (a chaos run on the other xdist worker) is not taken for
+dead mid-episode, and the episode retried."""
+
 INFEASIBLE = {"id": "t-infeasible", "instruction": "Do the impossible.", "evaluator": {"func": "infeasible"}}
 
 
@@ -25,7 +30,7 @@ def test_a_slow_policy_keeps_its_vm(tmp_path):
     """The policy thinks for longer than the VM lease's TTL (a real model under load does, for minutes):
     the episode keeps its VM and is scored, rather than losing it mid-episode to the pool (which resets it
     and lends it to another episode) and ending as an environment error."""
-    cfg = fast_config()
+    cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     (scripts / "t-infeasible.jsonl").write_text(json.dumps({"type": "fail"}) + "\n")
@@ -95,7 +100,7 @@ def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
     from guirl.messages.types import Ack, Trajectory
     from guirl.model.tiny import ensure_tiny_checkpoint
 
-    cfg = fast_config()
+    cfg = fast_config(PATIENT)
     ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
     received: list[Trajectory] = []
 
@@ -185,7 +190,7 @@ def _prm_episode(tmp_path, prm_handler, **worker_options):
     from guirl.messages import LearnerChannel, PRMChannel
     from guirl.messages.types import Ack, Trajectory
 
-    cfg = fast_config()
+    cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     lines = [{"type": "click", "x": 100, "y": 100}, {"type": "click", "x": 200, "y": 150}, {"type": "done"}]
@@ -301,7 +306,7 @@ def test_a_prm_that_refuses_everything_stalls_no_episode(tmp_path):
 def test_a_gui_r1_policy_acts_on_a_desktop(tmp_path):
     """`agent.response_format = "gui_r1"`: the policy is asked with GUI-R1's prompt and its answers (a click
     in pixels of the image it saw, then `complete`) become typed actions on the real desktop."""
-    cfg = fast_config()
+    cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
     answers = [
@@ -343,7 +348,7 @@ def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
     from guirl.model.tiny import ensure_tiny_checkpoint
     from guirl.sft import episode_samples
 
-    cfg = fast_config()
+    cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
     scripts.mkdir()
 
