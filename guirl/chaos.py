@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from guirl.proc import cmdline
+
 CHAOS_LOG = "chaos.jsonl"
 KINDS = ("kill", "stop")
 MOMENTS = ("any", "broadcast", "checkpoint", "setup", "eval")
@@ -244,18 +246,11 @@ def _kill_a_desktop(run_dir: Path) -> int:
             pid = int(json.loads(state.read_text()).get("session") or 0)
         except (OSError, ValueError):
             continue
-        if pid > 0 and str(state.parent) in _cmdline(pid):
+        if pid > 0 and str(state.parent) in cmdline(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 return pid
     return 0
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 # -- the invariants ---------------------------------------------------------------------------------------
@@ -270,7 +265,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: float | None = None) -> dict:
     """The invariants of a finished train run (see the module docstring): `violations` (must be empty) and
     the figures they were checked on."""
-    from guirl.learner.lineage import LINEAGE_FILE, Lineage
+    from guirl.learner.lineage import Lineage
 
     run = Path(run_dir)
     violations: list[str] = []
@@ -298,9 +293,8 @@ def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: flo
         e for e, xs in ends.items() if any(x["status"] != "completed" or x.get("env_error") for x in xs)
     }
 
-    forks: list[int] = []
-    if (run / LINEAGE_FILE).is_file():
-        forks = json.loads((run / LINEAGE_FILE).read_text())["forks"]
+    recorded = Lineage.load(run)
+    forks = recorded.forks if recorded is not None else []
     trained_seen: set[str] = set()
     samples = 0
     for line in _jsonl(run / "trained.jsonl"):

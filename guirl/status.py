@@ -11,6 +11,7 @@ cannot make it hang, and a dead one still shows its last picture.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from guirl.fileio import write_json_atomic
+from guirl.proc import pid_alive
 
 STATUS_FILE = "status.json"
 FORMAT = 1
@@ -80,18 +82,12 @@ class StatusWriter:
         write_json_atomic(self.path, self.snapshot(sup), indent=1)
 
     def snapshot(self, sup: Any) -> dict[str, Any]:
-        from guirl.actors.zsock import peer_label
-        from guirl.learner.lineage import LINEAGE_FILE
+        from guirl.learner.lineage import Lineage
 
         coord = self.coord
-        loop_now = asyncio.get_running_loop().time()
-        heard: dict[str, float] = {}
-        if coord.mailbox is not None:
-            for ident, last in coord.mailbox.peers.items():  # routing ids are `<actor>/<random>`
-                name = peer_label(ident).split("/", 1)[0]
-                heard[name] = min(loop_now - last, heard.get(name, loop_now - last))
+        heard = coord.heard_ages()
         if self._broker is not None and self._broker.state == "alive":  # it talks to nobody in the driver
-            heard["broker"] = loop_now - self._broker.last_heard
+            heard["broker"] = asyncio.get_running_loop().time() - self._broker.last_heard
         actors = {
             name: {
                 "up": bool(h.alive),
@@ -120,10 +116,9 @@ class StatusWriter:
             key=lambda e: -e["running_s"],
         )
         epoch = None
-        try:
-            epoch = len(json.loads((self.run_dir / LINEAGE_FILE).read_text())["forks"]) - 1
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        with contextlib.suppress(ValueError):  # a damaged record: the learner says so in its own log
+            lineage = Lineage.load(self.run_dir)
+            epoch = lineage.epoch if lineage is not None else None
         counters = coord.counters.snapshot()
         return {
             "format": FORMAT,
@@ -164,23 +159,11 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
     return doc
 
 
-def _alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def render(doc: dict[str, Any], now: float | None = None) -> str:
     """The status as a few tables."""
     now = time.time() if now is None else now
     age = now - float(doc.get("written_at") or 0)
-    alive = _alive(doc.get("driver_pid"))
+    alive = pid_alive(doc.get("driver_pid"))
     head = (
         f"{doc.get('mode', '?')} run, driver pid {doc.get('driver_pid')} "
         f"{'running' if alive else 'NOT RUNNING (the picture below is its last)'}; "

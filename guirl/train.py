@@ -255,12 +255,13 @@ def _chaos(cfg: GuirlConfig, run_dir: Path, sup: Any, coord: Any, writer: Any, o
 
 
 def _learner_restarts(run_dir: Path) -> int:
-    from guirl.learner.lineage import LINEAGE_FILE
+    from guirl.learner.lineage import Lineage
 
     try:
-        return max(0, len(json.loads((run_dir / LINEAGE_FILE).read_text())["forks"]) - 1)
-    except (OSError, ValueError, KeyError, TypeError):
+        lineage = Lineage.load(run_dir)
+    except ValueError:  # damaged: the learner refused to start on it, and said so
         return 0
+    return lineage.epoch if lineage is not None else 0
 
 
 def check_train_config(cfg: GuirlConfig) -> None:

@@ -530,6 +530,18 @@ class Coordinator(Actor):
 
     # -- reporting -----------------------------------------------------------------------------------
 
+    def heard_ages(self) -> dict[str, float]:
+        """Seconds since each actor that talks to the coordinator was last heard (its most recent process)."""
+        from guirl.actors.zsock import peer_label
+
+        now = asyncio.get_running_loop().time()
+        heard: dict[str, float] = {}
+        if self.mailbox is not None:
+            for ident, last in self.mailbox.peers.items():  # routing ids are `<actor>/<random>`
+                name = peer_label(ident).split("/", 1)[0]
+                heard[name] = min(now - last, heard.get(name, now - last))
+        return heard
+
     def snapshot(self) -> dict[str, Any]:
         """Counts for a progress line: done/total, successes, environment errors, steps."""
         scored = [r for r in self.results.values() if r.status == "completed"]

@@ -350,14 +350,7 @@ class ClusterRun:
     def status(self, sup: Any, coord: Any) -> str:
         """One line per actor (host, up/down, pid, restarts, heartbeat age, episodes in flight) and one
         per host (load)."""
-        from guirl.actors.zsock import peer_label
-
-        now = asyncio.get_running_loop().time()
-        heard: dict[str, float] = {}
-        if coord.mailbox is not None:
-            for ident, last in coord.mailbox.peers.items():  # routing ids are `<actor>/<random>`
-                name = peer_label(ident).split("/", 1)[0]
-                heard[name] = min(now - last, heard.get(name, now - last))
+        heard = coord.heard_ages()
         running: dict[str, int] = {}
         for run in coord.running.values():
             running[run.worker] = running.get(run.worker, 0) + 1

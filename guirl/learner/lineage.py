@@ -46,20 +46,26 @@ class Lineage:
         return all(version <= fork for fork in self.forks[epoch + 1 :])
 
     @classmethod
+    def load(cls, run_dir: str | Path) -> Lineage | None:
+        """The lineage recorded in `run_dir` (None when the run has none yet); ValueError when damaged."""
+        path = Path(run_dir) / LINEAGE_FILE
+        if not path.is_file():
+            return None
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: unreadable: {exc}") from exc
+        forks = doc.get("forks") if isinstance(doc, dict) else None
+        if not isinstance(forks, list) or not forks:
+            raise ValueError(f"{path}: no list of forks")
+        return cls(forks)
+
+    @classmethod
     def begin(cls, run_dir: str | Path, version: int) -> Lineage:
         """The lineage of a learner starting at `version` in `run_dir`: a new epoch after the ones the run
         has had (recorded in `lineage.json`, written before anything of the new epoch is published)."""
         path = Path(run_dir) / LINEAGE_FILE
-        forks: list[int] = []
-        if path.is_file():
-            try:
-                doc = json.loads(path.read_text())
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"{path}: unreadable: {exc}") from exc
-            forks = doc.get("forks") if isinstance(doc, dict) else None
-            if not isinstance(forks, list) or not forks:
-                raise ValueError(f"{path}: no list of forks")
-            cls(forks)  # validated
-        lineage = cls([*forks, max(0, int(version))])
+        before = cls.load(run_dir)
+        lineage = cls([*(before.forks if before else []), max(0, int(version))])
         write_json_atomic(path, {"forks": lineage.forks}, indent=None)
         return lineage

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from guirl.proc import cmdline, pid_alive
 from guirl.vmpool.provider import ProviderError
 from guirl.vmpool.sandbox import (
     HOME,
@@ -60,23 +61,6 @@ LIBREOFFICE_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
 """
 _NOT_SERVER = shutil.ignore_patterns("__pycache__", "screenshots", "*.md")
 UNIX_PATH_MAX = 100  # AF_UNIX paths are limited to 108 bytes; keep a margin
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -140,17 +124,17 @@ class LocalProvider:
             except (OSError, ValueError):
                 state = {}
             owner = int(state.get("owner", 0) or 0)
-            if owner and owner != os.getpid() and _running(owner):
+            if owner and owner != os.getpid() and pid_alive(owner):
                 continue
             session = int(state.get("session", 0) or 0)
-            if session and _running(session) and str(vm_dir) in _cmdline(session):
+            if session and pid_alive(session) and str(vm_dir) in cmdline(session):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(session, signal.SIGKILL)
             ns = state.get("pidns")
             if isinstance(ns, str) and ns.startswith("pid:["):  # a desktop that outlived its bwrap
                 # nobody holds it open any more: its name may be another sandbox's now, unless its own
                 # processes (bwrap's command line names the VM's directory) are still in it
-                own = next((p for p in namespace_members(ns) if f"{vm_dir}/" in _cmdline(p)), None)
+                own = next((p for p in namespace_members(ns) if f"{vm_dir}/" in cmdline(p)), None)
                 fd = None
                 with contextlib.suppress(OSError):  # held open: its name cannot go to another one now
                     fd = os.open(f"/proc/{own}/ns/pid", os.O_RDONLY | os.O_CLOEXEC) if own else None

@@ -75,9 +75,8 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
         assert (run_dir / "logs" / "learner-rank1.log").is_file()
 
 
-def test_a_worker_killed_mid_run_does_not_stall_the_learner(tmp_path, tiny_ckpt):
-    """SIGKILL the env worker after the first update: the supervisor restarts it (its desktops are reaped),
-    the coordinator retries the episodes it was playing, and the learner makes every update."""
+def _local_rl(tmp_path: Path, tiny_ckpt: str, updates: int, *sets: str) -> subprocess.CompletedProcess:
+    """`guirl train` with local_rl.toml, 2 steps an episode, `updates` updates and `sets`: it must succeed."""
     cmd = [
         *GUIRL,
         "train",
@@ -86,17 +85,23 @@ def test_a_worker_killed_mid_run_does_not_stall_the_learner(tmp_path, tiny_ckpt)
         "--ckpt",
         tiny_ckpt,
         "--updates",
-        "3",
+        str(updates),
         "--max-steps",
         "2",
         "--set",
         f"run.root_dir={tmp_path}",
-        "--set",
-        "train.fault_kill_worker_at_version=1",
+        *[x for s in sets for x in ("--set", s)],
     ]
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_a_worker_killed_mid_run_does_not_stall_the_learner(tmp_path, tiny_ckpt):
+    """SIGKILL the env worker after the first update: the supervisor restarts it (its desktops are reaped),
+    the coordinator retries the episodes it was playing, and the learner makes every update."""
+    out = _local_rl(tmp_path, tiny_ckpt, 3, "train.fault_kill_worker_at_version=1")
     assert "fault injection: SIGKILLed worker0" in out.stdout
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -110,25 +115,7 @@ def test_a_restarted_learner_never_trains_a_sample_of_weights_it_does_not_hold(t
     weights back first, and never trains an episode played by the dead learner's versions 1-2 (they are
     rejected and handed out again): no update ever trains a sample of a version ahead of its own (a lag
     below 0, as this run trained before), and the run still makes its 4 updates."""
-    cmd = [
-        *GUIRL,
-        "train",
-        "--config",
-        str(ROOT / "configs" / "local_rl.toml"),
-        "--ckpt",
-        tiny_ckpt,
-        "--updates",
-        "4",
-        "--max-steps",
-        "2",
-        "--set",
-        f"run.root_dir={tmp_path}",
-        "--set",
-        "train.fault_kill_learner_at_version=2",
-    ]
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = _local_rl(tmp_path, tiny_ckpt, 4, "train.fault_kill_learner_at_version=2")
     assert "fault injection: SIGKILLed the learner" in out.stdout
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert json.loads((run_dir / "lineage.json").read_text()) == {"forks": [0, 0]}
