@@ -586,7 +586,9 @@ async def _train(
         # groups handed out again whole after a restart
         "learner_restarts": _learner_restarts(run_dir),
         "episodes_rejected": coord.counters["episodes.rejected_by_learner"],
-        "episodes_reissued": coord.counters["episodes.reissued_version_mismatch"],
+        "episodes_reissued": coord.counters["episodes.reissued_version_mismatch"]
+        + coord.counters["episodes.reissued_undelivered"],
+        "episodes_undelivered": coord.counters["episodes.undelivered"],
         "groups_reissued": coord.counters["groups.reissued"],
     }
     if monkey is not None:

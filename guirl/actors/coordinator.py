@@ -311,10 +311,15 @@ class Coordinator(Actor):
         return len(lost)
 
     def _rejected(self, rej: EpisodeRejected) -> Ack:
-        """The learner will not train an episode (played by weights outside its lineage): the same sample
-        of its group goes out again, first in line, unless the group is no longer the run's (handed out
-        again whole after a learner restart, or the run is ending)."""
-        self.counters["episodes.rejected_by_learner"] += 1
+        """An episode will not be trained (the learner refused it: played by weights outside its lineage;
+        or its worker could not deliver it): the same sample of its group goes out again, first in line,
+        unless the group is no longer the run's (handed out again whole after a learner restart, or the run
+        is ending)."""
+        why = "undelivered" if rej.undelivered else "rejected_by_learner"
+        self.counters[f"episodes.{why}"] += 1
+        end = self.ended.get(rej.episode_id)
+        if end is None or end.status != "completed":
+            return Ack(ok=False, note=f"episode {rej.episode_id!r} did not end completed: not handed out")
         task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
         ending = self.closing or self.no_more_groups
         if self.mode != "train" or ending or task is None or not 0 <= rej.sample_index < self.n_samples:
@@ -333,7 +338,7 @@ class Coordinator(Actor):
             )
             return Ack(ok=False, note="rejected too often: not handed out again")
         self.todo.appendleft(_Todo(task, rej.sample_index, 0, rej.group_id))
-        self.counters["episodes.reissued_version_mismatch"] += 1
+        self.counters[f"episodes.reissued_{'undelivered' if rej.undelivered else 'version_mismatch'}"] += 1
         log.warning(
             "episode %s of %s not trained by the learner (%s): sample %d of %s handed out again",
             rej.episode_id,
@@ -405,7 +410,12 @@ class Coordinator(Actor):
         eid = ended.episode_id
         if eid in self.ended:
             self.counters["episodes.duplicate_end"] += 1
-            return Ack(ok=False, note=f"episode {eid!r} already ended")
+            first = self.ended[eid]
+            if ended.worker and (first.worker, first.status) == (ended.worker, ended.status):
+                return Ack(note=f"episode {eid!r} already ended {first.status} (a repeated report)")
+            # e.g. a worker declared dead (a hung process) whose episode was retried elsewhere: its late
+            # end is refused, and the worker does not deliver the trajectory
+            return Ack(ok=False, note=f"episode {eid!r} already ended {first.status}")
         run = self.running.pop(eid, None)
         if run is None:
             self.counters["episodes.unknown_end"] += 1

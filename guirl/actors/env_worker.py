@@ -41,9 +41,11 @@ from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
 from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel, PRMChannel
 from guirl.messages.types import (
+    Ack,
     ChatMessage,
     EpisodeAssignment,
     EpisodeEnded,
+    EpisodeRejected,
     Image,
     NoWork,
     PolicyRequest,
@@ -274,31 +276,38 @@ class EnvWorker(Actor):
                 case NoWork(retry_after_s=delay):
                     await asyncio.sleep(delay)
                 case EpisodeAssignment() as ep:
-                    ended = await self.play(ep)
-                    # the coordinator refuses a repeated end state, so reporting one is safe to retry
-                    await retry_idempotent(
+                    ended, traj = await self.play(ep)
+                    # the coordinator answers a repeated report as it answered the first (safe to retry)
+                    answer = await retry_idempotent(
                         lambda ended=ended: self.coord.request(ended),
                         attempts=20,
                         initial=rt.reconnect_backoff_initial_s,
                         cap=rt.reconnect_backoff_max_s,
                     )
+                    if not (isinstance(answer, Ack) and answer.ok):
+                        self._refused(ep, answer)
+                    elif traj is not None:
+                        await self._hand_over(ep, traj)
                 case other:
                     raise ActorError(f"coordinator answered {type(other).__name__} to a work request")
 
     # -- one episode ---------------------------------------------------------------------------------
 
-    async def play(self, ep: EpisodeAssignment) -> EpisodeEnded:
-        """Run one episode to its end state (never raises for environment faults)."""
+    async def play(self, ep: EpisodeAssignment) -> tuple[EpisodeEnded, Trajectory | None]:
+        """Run one episode to its end state (never raises for environment faults); a completed training
+        episode also gives the trajectory for the learner, to be handed over once the coordinator has
+        taken the end (`_hand_over`)."""
         started = time.monotonic()
         episode = _Episode(ep, self.run_dir / "episodes" / ep.task_id / ep.episode_id)
         episode.dir.mkdir(parents=True, exist_ok=True)
         # a resumed run may hand out an episode id again: the PRM's verdicts on the old one are not its own
         (episode.dir / "prm.jsonl").unlink(missing_ok=True)
         env_error = ""
+        traj = None
         try:
             await self._run(episode)
             if ep.mode == "train":
-                await self._deliver(episode)
+                traj = self._trajectory(episode)
         except EnvFault as exc:
             env_error = str(exc)[:500]
         except (VMError, PoolError, SetupError, EvaluationError, ActorError, OSError, TimeoutError) as exc:
@@ -309,7 +318,7 @@ class EnvWorker(Actor):
         if env_error:
             log.warning("episode %s (%s): environment error: %s", ep.episode_id, ep.task_id, env_error)
             self.counters["episodes.env_error"] += 1
-            episode.outcome, episode.score = "env_error", None
+            episode.outcome, episode.score, traj = "env_error", None, None
         else:
             self.counters[f"episodes.{episode.outcome}"] += 1
         seconds = round(time.monotonic() - started, 3)
@@ -333,7 +342,7 @@ class EnvWorker(Actor):
         if episode.evaluation_errors:
             result["evaluation_errors"] = episode.evaluation_errors
         write_json_atomic(episode.dir / "result.json", result)
-        return EpisodeEnded(
+        ended = EpisodeEnded(
             episode_id=ep.episode_id,
             status="retried" if env_error else "completed",
             reason=episode.parse_error,
@@ -348,6 +357,7 @@ class EnvWorker(Actor):
             seconds=seconds,
             worker=self.name,
         )
+        return ended, traj
 
     async def _run(self, episode: _Episode) -> None:
         ep = episode.ep
@@ -389,13 +399,11 @@ class EnvWorker(Actor):
             keepalive.cancel()
             await self.pool.release(lease.lease_id)
 
-    async def _deliver(self, episode: _Episode) -> None:
-        """Send a finished episode's samples to the learner (it ignores a repeat, so this may be retried).
-        A trajectory that cannot be delivered is an environment error: the episode is played again."""
+    def _trajectory(self, episode: _Episode) -> Trajectory:
         if self.learner is None:
             raise EnvFault("a train-mode episode, but this worker has no learner to send it to")
         ep = episode.ep
-        traj = Trajectory(
+        return Trajectory(
             episode_id=ep.episode_id,
             task_id=ep.task_id,
             group_id=ep.group_id,
@@ -411,13 +419,54 @@ class EnvWorker(Actor):
             prm_dropped=episode.prm_dropped,
             reward_parts=episode.reward_parts,
         )
+
+    def _refused(self, ep: EpisodeAssignment, answer: Any) -> None:
+        """The coordinator did not take this episode's end: it had already ended it (this worker was declared
+        dead — a hung process, a partition — and its episodes were played again elsewhere). Its trajectory
+        is never delivered (it would be a second, unledgered sample of the task), and its `result.json`
+        says so."""
+        note = getattr(answer, "note", type(answer).__name__)
+        self.counters["episodes.end_refused"] += 1
+        log.warning("episode %s: its end was not taken (%s): not delivered", ep.episode_id, note)
+        path = self.run_dir / "episodes" / ep.task_id / ep.episode_id / "result.json"
+        try:
+            result = json.loads(path.read_text())
+            result.update(status="refused", refused=str(note)[:300])
+            write_json_atomic(path, result)
+        except (OSError, ValueError) as exc:
+            log.warning("could not mark %s refused: %s", path, exc)
+
+    async def _hand_over(self, ep: EpisodeAssignment, traj: Trajectory) -> None:
+        """Send a completed episode's samples to the learner, once the coordinator has taken its end (its
+        ledger is the one word on an episode: see `_refused`). A trajectory the learner cannot be reached
+        for is handed back to the coordinator, which hands the same sample out again (the learner ignores
+        a repeat, so the delivery itself may be retried)."""
         rt = self.runtime
-        await retry_idempotent(
-            lambda: self.learner.request(traj),
-            attempts=10,
-            initial=rt.reconnect_backoff_initial_s,
-            cap=rt.reconnect_backoff_max_s,
-        )
+        try:
+            await retry_idempotent(
+                lambda: self.learner.request(traj),
+                attempts=10,
+                initial=rt.reconnect_backoff_initial_s,
+                cap=rt.reconnect_backoff_max_s,
+            )
+        except (ActorError, OSError, TimeoutError) as exc:
+            self.counters["trajectories.undelivered"] += 1
+            log.warning("episode %s: the learner could not be reached (%s): handed back", ep.episode_id, exc)
+            back = EpisodeRejected(
+                episode_id=ep.episode_id,
+                group_id=ep.group_id,
+                sample_index=ep.sample_index,
+                task_id=ep.task_id,
+                reason=f"not delivered to the learner: {exc}"[:300],
+                undelivered=True,
+            )
+            await retry_idempotent(
+                lambda: self.coord.request(back),
+                attempts=20,
+                initial=rt.reconnect_backoff_initial_s,
+                cap=rt.reconnect_backoff_max_s,
+            )
+            return
         self.counters["trajectories.sent"] += 1
 
     def _response_format(self) -> tuple[Any, Any]:

@@ -422,15 +422,17 @@ class LearnerResumed(Message):
 
 
 class EpisodeRejected(Message):
-    """The learner will not train an episode (its steps were played by a policy outside the learner's
-    lineage: weights a previous learner made after its last checkpoint): the coordinator hands the same
-    sample of the group out again."""
+    """An episode the coordinator ended `completed` will not be trained: the learner refused it (its steps
+    were played by a policy outside the learner's lineage: weights a previous learner made after its last
+    checkpoint), or its worker could not deliver it (`undelivered`, sent by the worker). The coordinator
+    hands the same sample of the group out again."""
 
     episode_id: str
     group_id: str
     sample_index: int
     task_id: str
     reason: str = ""
+    undelivered: bool = False
 
 
 class WeightsPublished(Message):

@@ -25,7 +25,12 @@ from guirl.inference.scripted import scripted_verdict
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
-FAST = ["--set", "runtime.heartbeat_interval_s=0.25", "--set", "logging.level=WARNING"]
+# fast heartbeats, but 5 s of silence before a peer is declared dead: none of these runs is about liveness,
+# and a loaded machine (the other test worker's chaos run) can starve a process of CPU for a second
+FAST = [
+    *("--set", "runtime.heartbeat_interval_s=0.25", "--set", "runtime.heartbeat_liveness=20"),
+    *("--set", "logging.level=WARNING"),
+]
 JUDGE = ["--set", "prm.backend=scripted", *FAST]
 OUT = "prm_offline.jsonl"
 

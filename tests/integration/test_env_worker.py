@@ -438,3 +438,93 @@ async def _one_episode(cfg, tmp_path: Path, engine, agent: dict) -> Coordinator:
             actor.request_shutdown("test done")
             await asyncio.wait_for(task, 15)
     return coord
+
+
+def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(tmp_path):
+    """A hung worker (SIGSTOPped, starved, partitioned) is declared dead mid-episode and its episode played
+    again; when it wakes and finishes the old one, the coordinator refuses that end and the worker never
+    delivers its trajectory: the learner gets the retry's sample only, and the old episode's folder says it
+    was refused (the chaos soak found the old order — deliver, then report — training an episode the
+    ledger ended in a fault)."""
+    from guirl.actors.base import Actor, Request
+    from guirl.messages import LearnerChannel
+    from guirl.messages.types import Ack, Trajectory
+
+    cfg = fast_config(PATIENT)
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    lines = [{"type": "click", "x": 100, "y": 100}, {"type": "fail"}]
+    (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    received: list[Trajectory] = []
+
+    class Learner(Actor):
+        channel = LearnerChannel
+
+        async def handle(self, req: Request):
+            if isinstance(req.msg, Trajectory):
+                received.append(req.msg)
+                return Ack()
+            return await super().handle(req)
+
+    asked: list[asyncio.Event] = []  # made in the test's loop
+
+    class Signalling(_TokenScripted):
+        async def generate(self, batch):
+            asked[0].set()
+            return await super().generate(batch)
+
+    async def scenario():
+        asked.append(asyncio.Event())
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            mode="train",
+            n_samples=1,
+            max_groups=1,
+            max_steps=5,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[Signalling("s0", str(scripts), screen=(640, 480), latency_s=0.5)],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        learner = Learner("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        actors = (coord, broker, learner)
+        tasks = [await a.start() for a in actors]
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            learner=learner.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 320 * 240},
+            runtime=cfg.runtime,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(asked[0].wait(), 60)  # the first episode is under way
+            ((first, running),) = coord.running.items()
+            # what missed heartbeats do: the coordinator ends the episode `retried` and queues it again
+            coord.on_peer_dead(running.peer, ConnectionError("missed heartbeats"))
+            await asyncio.wait_for(coord.all_done.wait(), 60)
+            await asyncio.wait_for(worker_task, 30)
+        finally:
+            for actor, task in zip(actors, tasks, strict=True):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+        return coord, worker, first
+
+    coord, worker, first = run(scenario(), timeout=120)
+    (result,) = coord.results.values()
+    assert result.status == "completed" and result.attempts == 2 and result.episode_id != first
+    (traj,) = received
+    assert traj.episode_id == result.episode_id and traj.attempt == 1
+    assert coord.ended[first].status == "retried" and coord.counters["episodes.duplicate_end"] == 1
+    assert worker.counters["episodes.end_refused"] == 1 and worker.counters["trajectories.sent"] == 1
+    old = json.loads((tmp_path / "run" / "episodes" / "t-infeasible" / first / "result.json").read_text())
+    assert old["status"] == "refused" and "already ended retried" in old["refused"]
