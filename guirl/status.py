@@ -197,7 +197,9 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
                 behind += " (an update is under way)"
         lines.append(
             f"engine {name}: version {e.get('version')} (epoch {e.get('epoch')}), "
-            f"{'healthy' if e.get('healthy') else 'UNHEALTHY'}{behind}"
+            f"{'healthy' if e.get('healthy') else 'UNHEALTHY'}"
+            f"{'' if e.get('weights_intact', 1) else ', HALF-UPDATED (serves nothing until an update lands)'}"
+            f"{behind}"
         )
     if "pending_weight_updates" in doc:
         lines.append(

@@ -44,7 +44,7 @@ from guirl.actors.base import Actor, Request
 from guirl.actors.errors import FatalError
 from guirl.actors.routing import EngineSlot, ModelQueue, Pending, load_tokens
 from guirl.config.schema import InferenceConfig
-from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, GenResult
+from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, GenResult, weights_intact
 from guirl.messages import PolicyChannel
 from guirl.messages.types import (
     Ack,
@@ -358,7 +358,8 @@ class InferenceBroker(Actor):
         """The counters, and gauges: `weights.live_ranks`, the weight-group ranks the policy's healthy
         engines take now (the learner sizes its next group by it, so a dead engine does not hold a broadcast
         up); `requests.queued` and `requests.inflight`, over every model, now; `weights.pending`, the
-        weight updates under way; and per policy engine its `version`, lineage `epoch` and `healthy`."""
+        weight updates under way; and per policy engine its `version`, lineage `epoch`, `healthy` and
+        `weights_intact`."""
         reply = super().stats()
         reply.counters["weights.live_ranks"] = self.live_weight_ranks()
         reply.counters["requests.queued"] = sum(len(q.queue) for q in self.models.values())
@@ -370,6 +371,7 @@ class InferenceBroker(Actor):
             reply.counters[f"engine.{name}.version"] = slot.engine.policy_version
             reply.counters[f"engine.{name}.epoch"] = getattr(slot.engine, "policy_epoch", 0)
             reply.counters[f"engine.{name}.healthy"] = int(slot.healthy)
+            reply.counters[f"engine.{name}.weights_intact"] = int(weights_intact(slot.engine))
         return reply
 
     def live_weight_ranks(self) -> int:

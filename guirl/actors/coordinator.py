@@ -58,6 +58,7 @@ class _Todo:
     attempt: int = 0
     group_id: str = ""
     eval_version: int = -1  # a periodic evaluation episode of the policy at this version (train mode)
+    eval_epoch: int = 0  # ... of this lineage epoch (a restarted learner makes its version numbers again)
 
 
 @dataclass
@@ -158,7 +159,9 @@ class Coordinator(Actor):
         self.eval_tasks = list(eval_tasks or [])
         self.eval_every = eval_every
         self.eval_log = Path(eval_log) if eval_log else None
-        self.eval_rounds: dict[int, dict[str, TaskResult]] = {}  # version -> task id -> result
+        # (lineage epoch, version) -> task id -> result: a restarted learner makes version numbers again, and
+        # its version 4 is not the weights its predecessor's version 4 were
+        self.eval_rounds: dict[tuple[int, int], dict[str, TaskResult]] = {}
         self.eval_lines: list[dict[str, Any]] = []
         self.no_more_groups = False  # the learner is done: finish the evaluations, admit nothing new
 
@@ -201,13 +204,13 @@ class Coordinator(Actor):
                 again = self.reissue_lost(set(trained))
                 self.learner_version = version  # a restarted learner may be behind what we were told
                 return Ack(note=f"{again} group(s) handed out again")
-            case WeightsPublished(version=version):
+            case WeightsPublished(version=version, epoch=epoch):
                 if version > self.learner_version:
                     self.learner_version = version
                     self.counters["learner.version"] = version
                     self.save_state()
                     if self.mode == "train" and self.eval_every and version % self.eval_every == 0:
-                        self._schedule_eval(version)
+                        self._schedule_eval(version, epoch)
                 return Ack(note=f"{self.admission_limit()} episodes may be admitted")
         return await super().handle(req)
 
@@ -434,7 +437,14 @@ class Coordinator(Actor):
         elif ended.status == "retried":
             if todo.attempt + 1 < self.max_attempts:
                 self.todo.appendleft(
-                    _Todo(todo.task, todo.sample_index, todo.attempt + 1, todo.group_id, todo.eval_version)
+                    _Todo(
+                        todo.task,
+                        todo.sample_index,
+                        todo.attempt + 1,
+                        todo.group_id,
+                        todo.eval_version,
+                        todo.eval_epoch,
+                    )
                 )
                 log.warning(
                     "episode %s of %s: environment error, retrying: %s",
@@ -457,14 +467,16 @@ class Coordinator(Actor):
 
     # -- periodic evaluation (train mode) -----------------------------------------------------------
 
-    def _schedule_eval(self, version: int) -> None:
+    def _schedule_eval(self, version: int, epoch: int = 0) -> None:
         """Queue one greedy episode of every eval task for the policy at `version`, ahead of new groups;
         evaluation episodes are not training samples and do not count against the staleness bound."""
-        if not self.eval_tasks or version in self.eval_rounds:
+        if not self.eval_tasks or (epoch, version) in self.eval_rounds:
             return
-        self.eval_rounds[version] = {}
+        self.eval_rounds[(epoch, version)] = {}
+        name = f"{version}" if epoch == 0 else f"{version}e{epoch}"
         self.todo.extend(
-            _Todo(t, 0, 0, f"eval@{version}/{t.task_id}", eval_version=version) for t in self.eval_tasks
+            _Todo(t, 0, 0, f"eval@{name}/{t.task_id}", eval_version=version, eval_epoch=epoch)
+            for t in self.eval_tasks
         )
         self.counters["eval.rounds"] += 1
 
@@ -472,7 +484,7 @@ class Coordinator(Actor):
         return any(len(r) < len(self.eval_tasks) for r in self.eval_rounds.values())
 
     def _eval_result(self, todo: _Todo, result: TaskResult) -> None:
-        results = self.eval_rounds[todo.eval_version]
+        results = self.eval_rounds[(todo.eval_epoch, todo.eval_version)]
         results[todo.task.task_id] = result
         if len(results) < len(self.eval_tasks):
             return
@@ -482,6 +494,7 @@ class Coordinator(Actor):
             domains[r.domain].append(r.score or 0.0)
         line = {
             "version": todo.eval_version,
+            "epoch": todo.eval_epoch,
             "tasks": len(results),
             "scored": len(scored),
             "accuracy": round(sum(r.score or 0.0 for r in scored) / len(scored), 4) if scored else None,

@@ -125,6 +125,8 @@ class DatasetWorker(EnvWorker):
             "response": response.text,
             "finish_reason": response.finish_reason,
             "policy_version": response.policy_version,
+            "policy_epoch": response.policy_epoch,
+            "engine": response.engine,
             "row": row.id,
             "ground_truth": {
                 "action": truth.action,

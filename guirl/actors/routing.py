@@ -14,7 +14,7 @@ import asyncio
 import collections
 from dataclasses import dataclass, field
 
-from guirl.inference.base import Engine, GenRequest
+from guirl.inference.base import Engine, GenRequest, weights_intact
 from guirl.messages.types import PolicyRequest, TextPart
 
 PIXELS_PER_IMAGE_TOKEN = 32 * 32
@@ -89,8 +89,8 @@ class EngineSlot:
     @property
     def free(self) -> bool:
         """It can take a request (streaming) or a batch (static) now."""
-        if not self.healthy or self.draining:
-            return False
+        if not self.healthy or self.draining or not weights_intact(self.engine):
+            return False  # a half-updated engine still takes the next update (it is healthy), not requests
         return self.inflight < self.stream if self.stream else self.inflight == 0
 
     def take(self, batch: list[Pending]) -> None:

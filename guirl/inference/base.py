@@ -114,6 +114,14 @@ def took_weights(engine: Any, version: int, spec: dict[str, Any]) -> None:
     now: every engine calls it once its update has landed, and nowhere else."""
     engine.policy_version = version
     engine.policy_epoch = int(spec.get("epoch", 0) or 0)
+    engine.weights_intact = True
+
+
+def weights_intact(engine: Any) -> bool:
+    """False while an engine holds a mix of two versions' weights: an update that writes the live weights
+    in pieces (SGLang's buckets) failed or was abandoned half-way. Such an engine serves nothing (its
+    samples would be labelled with a version they were not played by) until an update lands whole."""
+    return getattr(engine, "weights_intact", True)
 
 
 def stamp(results: list[GenResult], engine: Engine, started: float) -> list[GenResult]:

@@ -130,6 +130,8 @@ class SGLangEngine:
         """The server honours `sampling_seed` (asked for; an attached server's `/server_info` has the last
         word)."""
         self.policy_version = -1
+        self.weights_intact = True
+        """False after an update failed half-way through its buckets (see `base.weights_intact`)."""
         self.last_update: dict[str, float] = {}
         """Seconds the last weight update spent: `join` (forming the group), `receive`, `flush`."""
         self._proc: subprocess.Popen | None = None
@@ -381,8 +383,17 @@ class SGLangEngine:
                 async with self._update_session():
                     for bucket in buckets:
                         body = bucket_body(bucket, group.group_name, version, flattened=self.flattened)
+                        # each bucket overwrites live weights: until the last lands, they are no version's
+                        self.weights_intact = False
                         await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
             except BaseException:  # failed or abandoned half-way: the group is out of step, a new one later
+                if not self.weights_intact:
+                    log.warning(
+                        "engine %s: update to version %d ended half-way: it serves nothing until an update "
+                        "lands whole",
+                        self.name,
+                        version,
+                    )
                 await self._leave(CLEANUP_TIMEOUT_S)
                 raise
             timings["receive"] = time.monotonic() - started - timings["join"]

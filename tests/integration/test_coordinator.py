@@ -16,6 +16,7 @@ from guirl.messages.types import (
     Ack,
     EpisodeAssignment,
     EpisodeEnded,
+    LearnerResumed,
     NoWork,
     Register,
     WeightsPublished,
@@ -219,7 +220,6 @@ def test_train_mode_stops_after_max_groups():
 def test_a_restarted_learner_gets_the_groups_it_lost(tmp_path):
     """Groups delivered whole to a learner that died before its checkpoint are handed out again, under a
     fresh group id; groups trained, running or queued are not; the state file follows."""
-    from guirl.messages.types import LearnerResumed
 
     cfg = fast_config()
     state = tmp_path / "coordinator.json"
@@ -275,6 +275,17 @@ def test_periodic_evaluation_in_train_mode(tmp_path):
         assert line["version"] == 1 and line["accuracy"] == 0.5 and line["tasks"] == 2
         assert coord.admitted == admitted and not any(k[0].startswith("eval@") for k in coord.results)
         assert not coord.evals_pending()
+        # the learner restarts from its starting weights and makes a version 1 again: other weights, so
+        # they are evaluated too (and the line says which lineage epoch they are of)
+        await conn.request(LearnerResumed(version=0, trained_groups=[]))
+        await conn.request(WeightsPublished(version=1, epoch=1))
+        again = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
+        assert [(w.mode, w.task_id) for w in again] == [("eval", "e0"), ("eval", "e1")]
+        assert again[0].group_id == "eval@1e1/e0"
+        for w in again:
+            await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", score=1.0))
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert [(x["epoch"], x["version"], x["accuracy"]) for x in lines] == [(0, 1, 0.5), (1, 1, 1.0)]
 
     run(
         _with_coordinator(

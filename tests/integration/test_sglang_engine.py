@@ -270,6 +270,52 @@ def test_update_from_disk_and_bad_weight_updates(ckpt: Path, tmp_path: Path, ser
     run(scenario(), timeout=120)
 
 
+def test_an_update_abandoned_half_way_serves_nothing_until_one_lands_whole(
+    ckpt: Path, tmp_path: Path, server
+) -> None:
+    """Each bucket overwrites the server's live weights: an update abandoned after some of them (its sender
+    died, a newer one superseded it) leaves weights that are no version's. The engine says so, the broker's
+    slot takes no request (its samples would be labelled with a version they were not played by) but the
+    engine still takes the next update, and one that lands whole makes it serve again."""
+    from safetensors.torch import save_file
+
+    from guirl.actors.routing import EngineSlot
+
+    state = _perturbed(ckpt, 4)
+    buckets = sglang_buckets(state, 64 << 10)
+    spec = _group(timeout_s=30)
+    sender = WeightSender()
+
+    def send_two() -> None:
+        sender.open(spec)
+        for b in buckets[:2]:
+            sender.send_sglang_bucket(state, b, flattened=True)
+
+    async def scenario():
+        engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=60)
+        await engine.start()
+        slot = EngineSlot(engine, healthy=True)
+        assert engine.weights_intact and slot.free
+        update = asyncio.create_task(
+            engine.update_weights(
+                7, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]}
+            )
+        )
+        await asyncio.to_thread(send_two)  # two buckets landed; the engine waits for the third
+        update.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await update
+        await asyncio.to_thread(sender.close)
+        assert len(buckets) > 3 and not engine.weights_intact and engine.policy_version == -1
+        assert not slot.free
+        save_file(state, str(tmp_path / "model.safetensors"))
+        await engine.update_weights(8, {"path": str(tmp_path)})
+        assert engine.weights_intact and engine.policy_version == 8 and slot.free
+        await engine.close()
+
+    run(scenario(), timeout=120)
+
+
 def test_malformed_and_failed_replies_are_clear_errors(ckpt: Path, server) -> None:
     """Every broken reply ends in a clear error (or the request's own abort), never a hang."""
     request = screenshot_request("click", png(64, 64), GREEDY)
