@@ -13,8 +13,8 @@ tiny random model's responses almost never parse as one), and the broker's `infe
 step paid it.
 
 `--set cluster.learner_cpus=[1] --set cluster.rollout_cpus=[0]` pins the learner and the rollout side
-(engine, env workers, desktops) to cores of their own, the CPU analogue of the seed's split of learner
-and rollout GPUs: without it, on a small machine, overlapping them slows both.
+(engine, env workers, desktops) to cores of their own, the CPU analogue of the split of learner and
+rollout GPUs in OpenClaw-RL's GUI-RL: without it, on a small machine, overlapping them slows both.
 
 Reports per mode: trained step samples per second of wall time (the run's summary: from the start of
 `run_train`, actor start-up included; and the steady state between the first and the last update),

@@ -2,7 +2,8 @@
 concurrent env workers' requests, measured side by side in one run (interleaved rounds) on the tiny
 Qwen3-VL. Each request is a real step prompt (system prompt, instruction, a 1280x800 screenshot resized
 as the local config does: ~1300 prompt tokens). Two response lengths: 64 tokens (a bare tool call) and
-256 (a short thought before it, as the seed's default Thinking checkpoint writes; its budget is 512).
+256 (a short thought before it, as the default Thinking checkpoint of OpenClaw-RL's GUI-RL writes; its
+budget is 512).
 
 On a CPU, prefill is compute-bound and costs the same per request batched or not; batching amortises
 the decode steps. So the gain grows with the response length; on a GPU prefill batches too. Prints a

@@ -3,8 +3,9 @@
 A fourth path, a bare zmq.asyncio DEALER/ROUTER echo with no guirl code at all, shows what pyzmq's own
 asyncio layer costs by itself (guirl drives its sockets from their file descriptors instead).
 
-One step = the screenshot one way (as an env worker's PolicyRequest carries it; the seed's env pool
-carries it in its /step reply — the same bytes and the same encode/decode work) and a small reply back.
+One step = the screenshot one way (as an env worker's PolicyRequest carries it; the env pool of
+OpenClaw-RL's GUI-RL carries it in its /step reply — the same bytes and the same encode/decode work) and a
+small reply back.
 All three servers run in their own spawned process; the three clients take turns in short interleaved
 blocks within one run, so machine noise hits them alike. Prints medians, ratios, and one JSON line.
 
@@ -84,7 +85,7 @@ def flask_server(port: int) -> None:
     app = Flask("envpool")
 
     @app.post("/step")
-    def step():  # the seed's shape: JSON in, JSON out, screenshots base64-encoded
+    def step():  # GUI-RL's shape: JSON in, JSON out, screenshots base64-encoded
         payload = request.get_json()
         png = base64.b64decode(payload["observation"]["screenshot"])
         return jsonify({"ok": True, "size": len(png), "done": False, "reward": 0.0})

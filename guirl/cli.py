@@ -15,7 +15,7 @@
     guirl sft --config FILE     supervised fine-tuning on grounding rows (GUI-R1 answers), the learner's code
     guirl version
 
-Configuration: `--config FILE.toml`, then the seed's environment variables, then `--set key=value`.
+Configuration: `--config FILE.toml`, then OpenClaw-RL's GUI-RL environment variables, then `--set key=value`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Where each part of a run goes on the GPUs, from the seed's variables (NUM_GPUS, ACTOR_GPUS, ROLLOUT_GPUS,
-PRM_GPUS) — pure logic, checked before anything starts.
+"""Where each part of a run goes on the GPUs, from OpenClaw-RL's GUI-RL variables (NUM_GPUS, ACTOR_GPUS,
+ROLLOUT_GPUS, PRM_GPUS) — pure logic, checked before anything starts.
 
 Train mode splits the GPUs in order: the learner's ranks take the first ACTOR_GPUS, the rollout engines the
-next ROLLOUT_GPUS, the PRM's judge the last PRM_GPUS, and the three must add up to NUM_GPUS (the seed's
-layouts: 4/4, 4/3/1). Eval mode has no learner: the rollout engines take the first ROLLOUT_GPUS (the seed's
+next ROLLOUT_GPUS, the PRM's judge the last PRM_GPUS, and the three must add up to NUM_GPUS (GUI-RL's
+layouts: 4/4, 4/3/1). Eval mode has no learner: the rollout engines take the first ROLLOUT_GPUS (GUI-RL's
 all-rollout layout is NUM_GPUS=8 ROLLOUT_GPUS=8). GPU ids are those of CUDA_VISIBLE_DEVICES when it is set
 (its first NUM_GPUS entries), else 0..NUM_GPUS-1; CUDA is never asked, so `guirl train --dry-run` plans a
 GPU run on a laptop. A config that uses no GPU (every engine and the learner on CPU) gets an empty plan and

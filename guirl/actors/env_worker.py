@@ -6,7 +6,7 @@ screenshot → prompt → `PolicyRequest` to the broker → parse → act → ev
 one end state. Per episode it writes `episodes/<task>/<episode>/`: `step_NNN.png` (the screen the
 policy saw at each step, and `final.png`), `traj.jsonl` (one line per step) and `result.json`.
 
-What is whose fault is decided here, carefully (the seed got these wrong):
+What is whose fault is decided here, carefully (OpenClaw-RL's GUI-RL got these wrong):
 - every action the prompt offers executes (`triple_click`, `hscroll` included);
 - an episode cut off at the step limit is TRUNCATED and evaluated as it stands (no FAIL is sent, so an
   infeasible task is not solved by running out of steps);

@@ -210,7 +210,7 @@ def _tool_call_blocks(body: str, pos: int) -> Iterator[Any]:
 
 
 def _json_lines(body: str) -> Iterator[Any]:
-    """Tool calls written as bare one-line JSON objects (no tags), as the seed tolerates."""
+    """Tool calls written as bare one-line JSON objects (no tags), as OpenClaw-RL's GUI-RL tolerates."""
     broken = None
     found = False
     for line in body.splitlines():
@@ -336,7 +336,7 @@ def _scroll(horizontal: bool) -> Handler:
     def make(args: dict[str, Any], frame: _Frame) -> AnyAction:
         if args.get("pixels") is None:
             raise _bad("scroll needs pixels", args)
-        # The seed hands `pixels` to pyautogui.scroll unchanged, so the unit is wheel clicks.
+        # OpenClaw-RL's GUI-RL hands `pixels` to pyautogui.scroll unchanged, so the unit is wheel clicks.
         amount = min(max(round(_number(args["pixels"], "pixels")), -MAX_SCROLL), MAX_SCROLL)
         at = _maybe_point(args, frame)
         x, y = at if at is not None else (None, None)

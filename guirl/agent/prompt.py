@@ -1,6 +1,6 @@
 """The policy's prompt: Qwen3-VL's `computer_use` tool prompt, the screenshot history, a token budget.
 
-Layout (the seed's, which is OSWorld's Qwen3-VL agent's):
+Layout (that of OpenClaw-RL's GUI-RL, which is OSWorld's Qwen3-VL agent's):
 
     system     tools prompt (the `computer_use` schema and the response format)
     user       [screenshot of step i]            } for the last `history_images` past steps
@@ -112,7 +112,8 @@ class Prompt:
     """History images left out to fit the token budget."""
 
 
-# The tool description as Qwen's computer_use cookbook and the seed word it (the model was tuned on it).
+# The tool description as Qwen's computer_use cookbook and OpenClaw-RL's GUI-RL word it (the model was
+# tuned on it).
 _DESCRIPTION_HEAD = [
     "Use a mouse and keyboard to interact with a computer, and take screenshots.",
     "* This is an interface to a desktop GUI. You do not have access to a terminal or applications menu. "

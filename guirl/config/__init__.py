@@ -1,4 +1,4 @@
-"""One typed config tree: defaults < TOML file < the seed's environment variables < `--set` overrides."""
+"""One typed config tree: defaults < TOML file < GUI-RL's environment variables < `--set` overrides."""
 
 from guirl.config.loader import (
     ConfigError,

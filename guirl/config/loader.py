@@ -2,8 +2,8 @@
 
 Every field carries a one-line attribute docstring (the string literal on the line after it);
 ``describe`` reads them back with ``ast`` so the documentation cannot drift from the code.
-To add a setting: add a field (with its docstring) to a section, and, if the seed scripts set
-it through the environment, add the variable to ``ENV_VARS`` (and to ``SECRET_KEYS`` if secret).
+To add a setting: add a field (with its docstring) to a section, and, if OpenClaw-RL's GUI-RL scripts
+set it through the environment, add the variable to ``ENV_VARS`` (and to ``SECRET_KEYS`` if secret).
 """
 
 import ast

@@ -1,7 +1,7 @@
 """The configuration schema: every section and field, with a one-line docstring each.
 
-To add a setting: add a field (with its docstring) to a section, and, if the seed scripts set it
-through the environment, add the variable to ``ENV_VARS`` (and to ``SECRET_KEYS`` if secret).
+To add a setting: add a field (with its docstring) to a section, and, if OpenClaw-RL's GUI-RL scripts set
+it through the environment, add the variable to ``ENV_VARS`` (and to ``SECRET_KEYS`` if secret).
 """
 
 from typing import Annotated, Literal
@@ -359,7 +359,7 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     min_pixels: PosInt = 3136
     """Fewest pixels of an image after `smart_resize`."""
     max_pixels: PosInt = 16 * 16 * 4 * 12800
-    """Most pixels of an image after `smart_resize` (the seed's bound: a 1080p screen stays 1920x1088)."""
+    """Most pixels of an image after `smart_resize` (GUI-RL's bound: a 1080p screen stays 1920x1088)."""
     max_steps: PosInt = 15
     """Steps before an episode is cut off (TRUNCATED, then evaluated as it stands)."""
     max_actions_per_step: PosInt = 5
@@ -636,7 +636,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
     """How token losses are averaged."""
     kl_coef: Annotated[float, Meta(ge=0)] = 0.0
-    """Coefficient of the KL penalty to the frozen reference (0 = none, as the seed's GRPO)."""
+    """Coefficient of the KL penalty to the frozen reference (0 = none, as GUI-RL's GRPO)."""
     kl_kind: Literal["k1", "k2", "k3"] = "k3"
     """KL estimator."""
     max_staleness: NonNegInt = 1
@@ -762,7 +762,7 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Supervised fine-tuning."""
 
 
-# The seed scripts' environment variables, by name -> dotted config path.
+# OpenClaw-RL's GUI-RL scripts' environment variables, by name -> dotted config path.
 ENV_VARS: dict[str, str] = {
     "GUI_RESULT_DIR": "run.root_dir",
     "NUM_GPUS": "cluster.num_gpus",

@@ -54,9 +54,9 @@ def grpo_advantages(
     (Dr. GRPO drops the std division to avoid weighting easy/hard groups differently).
 
     std is the unbiased (n - 1) estimator, as verl's `compute_grpo_outcome_advantage` uses
-    `torch.std`; for the seed's group of 8 it scales advantages by sqrt(7/8) versus the
-    population std. A group whose rewards are all equal (including a group of one, left by
-    environment errors) gets exactly 0 and is counted: it has no baseline to compare against.
+    `torch.std`; for the groups of 8 of OpenClaw-RL's GUI-RL it scales advantages by sqrt(7/8)
+    versus the population std. A group whose rewards are all equal (including a group of one, left
+    by environment errors) gets exactly 0 and is counted: it has no baseline to compare against.
     verl instead passes a size-1 group's raw reward through (mean 0, std 1), which would train
     on an un-baselined +-1; we do not.
     """
@@ -94,11 +94,11 @@ def step_wise_advantages(
 
     where mean and std run over the bucket of steps sharing (group, step index): the t-th steps
     of all episodes of one task. `prm_coef` is applied to the step score that is normalised;
-    the seed applied its `prm_step_coef` only to the logged episode score, so its advantages
-    ignored the coefficient. A bucket of one (only one episode of the group got that far) keeps its
-    score as its advantage: there is no peer to compare it with, and its outcome and judged progress
-    are still a signal (as the seed does). A bucket of two or more equal scores gives exactly 0 and
-    is counted as degenerate. std is unbiased, as in `grpo_advantages`.
+    OpenClaw-RL's GUI-RL applied its `prm_step_coef` only to the logged episode score, so its
+    advantages ignored the coefficient. A bucket of one (only one episode of the group got that far)
+    keeps its score as its advantage: there is no peer to compare it with, and its outcome and judged
+    progress are still a signal (as GUI-RL does). A bucket of two or more equal scores gives exactly 0
+    and is counted as degenerate. std is unbiased, as in `grpo_advantages`.
     """
     n = len(prm_scores)
     if not (len(outcomes) == len(group_ids) == len(step_indices) == n):

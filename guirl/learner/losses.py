@@ -194,9 +194,9 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind = "k3") -> T
 
     - k1 = log r'          with log r' = logprobs - ref_logprobs: unbiased, high variance, can be < 0.
     - k2 = 0.5 (log r')^2: biased, low variance, >= 0.
-    - k3 = exp(-log r') + log r' - 1: unbiased and >= 0 (e^x >= 1 + x); the seed's PRM mode uses
-      k3 with coefficient 0.01. Clamped as verl's `low_var_kl` does (log ratio to +-20, value to
-      +-10), because exp of a large gap between two bf16 policies overflows.
+    - k3 = exp(-log r') + log r' - 1: unbiased and >= 0 (e^x >= 1 + x); the PRM mode of OpenClaw-RL's
+      GUI-RL uses k3 with coefficient 0.01. Clamped as verl's `low_var_kl` does (log ratio to +-20,
+      value to +-10), because exp of a large gap between two bf16 policies overflows.
     """
     log_r = logprobs - ref_logprobs.detach()
     if kind == "k1":

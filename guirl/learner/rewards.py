@@ -7,10 +7,10 @@ import math
 
 
 def outcome_reward(score: float | None, *, success_threshold: float = 1.0) -> float:
-    """Evaluator score to the seed's outcome reward: +1 if `score >= success_threshold`, else -1.
+    """Evaluator score to GUI-RL's outcome reward: +1 if `score >= success_threshold`, else -1.
 
     An unscored episode (None, or NaN) raises ValueError: an environment error must never be
-    trained on as a policy failure (one of the seed's defects, see NOTES "The seed system").
+    trained on as a policy failure (one of GUI-RL's defects, see NOTES on OpenClaw-RL's GUI-RL).
     """
     if score is None:
         raise ValueError("episode has no evaluator score; an unscored episode cannot become a reward")

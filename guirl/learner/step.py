@@ -80,7 +80,7 @@ def train_step(
     `skipped_steps`; with a reference model, `kl_ref` (token mean of the KL estimator).
 
     `ref_model` and `kl_coef > 0`: the loss adds `kl_coef` x the `kl_kind` estimate of KL(policy || ref)
-    per response token, aggregated as the policy loss is (the seed's PRM mode: k3, 0.01).
+    per response token, aggregated as the policy loss is (the PRM mode of OpenClaw-RL's GUI-RL: k3, 0.01).
     """
     if not samples:
         raise ValueError("train_step needs at least one sample")

@@ -31,7 +31,7 @@ FAST = [
 
 
 def _env() -> dict[str, str]:
-    # the seed's variables of whoever runs the tests must not leak into the runs
+    # OpenClaw-RL's GUI-RL variables of whoever runs the tests must not leak into the runs
     return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
 
 

@@ -36,7 +36,7 @@ OUT = "prm_offline.jsonl"
 
 
 def _env() -> dict[str, str]:
-    # the seed's variables of whoever runs the tests must not leak into the runs
+    # OpenClaw-RL's GUI-RL variables of whoever runs the tests must not leak into the runs
     return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
 
 

@@ -65,7 +65,7 @@ print(json.dumps({
 
 def _env() -> dict[str, str]:
     """This environment without anything that points Python at the checkout (PYTHONPATH, an active venv)
-    or configures guirl (the seed's variables)."""
+    or configures guirl (OpenClaw-RL's GUI-RL variables)."""
     drop = {*ENV_VARS, "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP", "PYTHONUSERBASE"}
     return {k: v for k, v in os.environ.items() if k not in drop} | {"PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 

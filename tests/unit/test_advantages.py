@@ -119,7 +119,8 @@ def test_outcome_reward_refuses_an_unscored_episode(score: float | None) -> None
 #     mean -1/6; deviations 5/3, -1/3, -4/3; sum sq 25/9 + 1/9 + 16/9 = 14/3;
 #     unbiased var 7/3; std 1.5275252; advantages 1.0910895, -0.2182179, -0.8728716
 #   step 1:  only A is still running (prm -1) -> a bucket of one keeps its score: 1 + 0.5 * -1 = 0.5
-# With the seed's defect (coefficient ignored, i.e. 1.0): scores 2, 0, -2 -> advantages 1, 0, -1.
+# With the defect of OpenClaw-RL's GUI-RL (coefficient ignored, i.e. 1.0): scores 2, 0, -2 ->
+# advantages 1, 0, -1.
 STEP_PRM = [1.0, 1.0, -1.0, -1.0]
 STEP_OUTCOME = [1.0, -1.0, -1.0, 1.0]
 STEP_GROUP = ["g", "g", "g", "g"]
@@ -132,7 +133,7 @@ def test_step_wise_applies_the_prm_coefficient() -> None:
     expected = [(5 / 3) / (std + EPS), (-1 / 3) / (std + EPS), (-4 / 3) / (std + EPS), 0.5]
     assert out.advantages.tolist() == pytest.approx(expected, abs=1e-6)
     assert out.advantages.tolist() == pytest.approx([1.0910895, -0.2182179, -0.8728716, 0.5], abs=1e-6)
-    # The seed's advantages, which ignored the coefficient, would be (1, 0, -1) here.
+    # GUI-RL's advantages, which ignored the coefficient, would be (1, 0, -1) here.
     assert out.advantages[1].item() != pytest.approx(0.0, abs=1e-3)
     # two buckets, neither degenerate (a bucket of one is a signal, not a tie)
     assert (out.groups, out.degenerate_groups) == (2, 0)

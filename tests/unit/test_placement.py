@@ -1,5 +1,5 @@
-"""GPU placement from the seed's variables: every seed layout, every invalid split, CPU configs, and
-`guirl train|eval --dry-run`."""
+"""GPU placement from OpenClaw-RL's GUI-RL variables: every GUI-RL layout, every invalid split, CPU configs,
+and `guirl train|eval --dry-run`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from guirl.placement import EnginePlacement, PlacementError, apply, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
-SEED_VARS = (
+GUI_RL_VARS = (
     "NUM_GPUS",
     "ACTOR_GPUS",
     "ROLLOUT_GPUS",
@@ -50,7 +50,7 @@ PRM_4_3_1 = (
 )
 
 
-# -- the seed's layouts -------------------------------------------------------------------------------
+# -- GUI-RL's layouts ---------------------------------------------------------------------------------
 
 
 def test_train_4_4_sglang_layout() -> None:
@@ -295,9 +295,9 @@ def test_shipped_gpu_configs_plan(name: str) -> None:
 
 
 @pytest.fixture
-def seed_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """A clean environment (no seed variables, no CUDA_VISIBLE_DEVICES) and an empty working directory."""
-    for name in (*SEED_VARS, "CUDA_VISIBLE_DEVICES"):
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A clean environment (no GUI-RL variables, no CUDA_VISIBLE_DEVICES) and an empty working directory."""
+    for name in (*GUI_RL_VARS, "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_CKPT", str(tmp_path / "ckpt"))
     monkeypatch.setenv("PRM_MODEL_PATH", str(tmp_path / "judge"))
@@ -307,7 +307,7 @@ def seed_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_dry_run_prints_the_plan(seed_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_the_plan(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["train", "--config", str(CONFIGS / "osworld_qwen3vl_8b_rl.toml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("plan for train (nothing started)\nGPUs: 8 (0,1,2,3,4,5,6,7)\n")
@@ -317,17 +317,17 @@ def test_dry_run_prints_the_plan(seed_env: Path, capsys: pytest.CaptureFixture[s
     assert "rollout: 8 sglang engines" in capsys.readouterr().out
     assert main(["train", "--config", str(CONFIGS / "osworld_qwen3vl_8b_prm_rl.toml"), "--dry-run"]) == 0
     assert "judge-sglang0 GPU 7" in capsys.readouterr().out
-    assert list(seed_env.iterdir()) == []  # no run directory (results/), no checkpoint built
+    assert list(clean_env.iterdir()) == []  # no run directory (results/), no checkpoint built
 
 
 def test_dry_run_bad_split_fails_clearly(
-    seed_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("ROLLOUT_GPUS", "3")
     assert main(["train", "--config", str(CONFIGS / "osworld_qwen3vl_8b_rl.toml"), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "ACTOR_GPUS (4) + ROLLOUT_GPUS (3) + PRM_GPUS (0) = 7, but NUM_GPUS is 8" in err
-    assert list(seed_env.iterdir()) == []
+    assert list(clean_env.iterdir()) == []
 
 
 @pytest.mark.parametrize(
@@ -340,7 +340,7 @@ def test_dry_run_bad_split_fails_clearly(
     ],
 )
 def test_dry_run_checks_the_cloud_settings(
-    seed_env: Path,
+    clean_env: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
     name: str,
@@ -353,15 +353,15 @@ def test_dry_run_checks_the_cloud_settings(
 
 
 def test_dry_run_checks_the_checkpoint(
-    seed_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    clean_env: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # the hf backend loads HF_CKPT itself: a directory without config.json fails before anything starts
     monkeypatch.delenv("HF_CKPT")
     args = ["eval", "--config", str(CONFIGS / "local_eval.toml"), "--dry-run"]
     assert main(args) == 0  # "tiny" is taken as given (built on first use, not by a dry run)
-    assert main([*args, "--ckpt", str(seed_env / "nowhere")]) == 2
+    assert main([*args, "--ckpt", str(clean_env / "nowhere")]) == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
-    assert list(seed_env.iterdir()) == []
+    assert list(clean_env.iterdir()) == []
 
 
 def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
@@ -378,7 +378,7 @@ def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
     assert "plan for train" in out.stdout and list(tmp_path.iterdir()) == []
 
 
-def test_dry_run_checks_the_prompt_style(seed_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_checks_the_prompt_style(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """GUI-RL's prompt style has the checkpoint's own template write a tools block: an OpenAI-compatible
     endpoint cannot, and GUI-R1's answer format has no such prompt."""
     args = ["eval", "--config", str(CONFIGS / "osworld_qwen3vl_4b_eval.toml"), "--dry-run"]
