@@ -1,13 +1,14 @@
-"""Chaos: seeded fault schedules injected into a running train run, and the invariants a run must keep.
+"""Chaos: seeded fault schedules injected into a running train or eval run, and the invariants a run must
+keep.
 
-A schedule (`Schedule.generate`) is a list of faults drawn from a seed: at a time after the run's first
-update, or at a moment (`broadcast`: while the broker holds a weight update; `checkpoint`: while the
-learner writes a checkpoint; `setup`: within a second of the target's restart; `eval`: while evaluation
-episodes run), an actor (broker, learner, an env worker, the PRM; never the coordinator, which is the
-driver) or a VM is SIGKILLed (the supervisor, or the pool, restarts it) or SIGSTOPped for a while and then
-SIGCONTed (a hung process). The driver's follow loop calls `ChaosMonkey.tick` and every fault it injects
-is appended to `chaos.jsonl` in the run directory; `Schedule.describe` is what a failing seed prints to
-reproduce itself.
+A schedule (`Schedule.generate`) is a list of faults drawn from a seed (`chaos.seed`): at a time after the
+run's first update (an eval run: its first episode), or at a moment (`broadcast`: while the broker holds a
+weight update; `checkpoint`: while the learner writes a checkpoint; `setup`: within a second of the
+target's restart; `eval`: while evaluation episodes run; `judging`: while the PRM holds transitions), an
+actor (broker, learner, an env worker, the PRM; never the coordinator, which is the driver) or a VM is
+SIGKILLed (the supervisor, or the pool, restarts it) or SIGSTOPped for a while and then SIGCONTed (a hung
+process). The driver's follow loop calls `ChaosMonkey.tick` and every fault it injects is appended to
+`chaos.jsonl` in the run directory; `Schedule.describe` is what a failing seed prints to reproduce itself.
 
 `check_run` reads a finished run directory and lists every broken invariant:
 
@@ -15,7 +16,8 @@ reproduce itself.
 - every episode id handed out has exactly one end state (`episodes.jsonl`, the coordinator's ledger);
 - no episode was trained twice, and every trained step was played by weights of the learner's lineage no
   newer than the update that trained it (`trained.jsonl`, `lineage.json`);
-- no episode that ended in an environment fault was trained or scored;
+- no episode that ended in an environment fault was trained or scored (an eval run: `bench/chaos.py` also
+  checks that the scripted reference solutions still score 100 %);
 - no gap between consecutive env steps (`traj.jsonl` times) longer than the bound given.
 """
 
@@ -36,7 +38,9 @@ from guirl.proc import cmdline
 
 CHAOS_LOG = "chaos.jsonl"
 KINDS = ("kill", "stop")
-MOMENTS = ("any", "broadcast", "checkpoint", "setup", "eval")
+MOMENTS = ("any", "broadcast", "checkpoint", "setup", "eval", "judging")
+MOMENT_TARGETS = ("learner", "broker", "prm")
+"""The targets a fault may wait for a moment to strike (the others strike at any time)."""
 
 
 @dataclass(frozen=True)
@@ -77,9 +81,9 @@ class Schedule:
         for i in range(n_faults):
             target = rng.choice(targets)
             kind = "kill" if target == "vm" else rng.choice(KINDS)
-            moment = rng.choice(moments) if target in ("learner", "broker") else "any"
-            if moment == "checkpoint" and target != "learner":
-                moment = "any"
+            moment = rng.choice(moments) if target in MOMENT_TARGETS else "any"
+            if (moment, target != "learner") in (("checkpoint", True), ("judging", False)):
+                moment = "any"  # only the learner checkpoints; it judges nothing
             at = round(span_s * (i + rng.random()) / max(1, n_faults), 2)
             hold = round(rng.uniform(0.5, max_hold_s), 2) if kind == "stop" else 0.0
             faults.append(Fault(at_s=at, target=target, kind=kind, moment=moment, hold_s=hold))
@@ -124,7 +128,10 @@ class ChaosMonkey:
             endpoints += list(getattr(self.coord, "endpoints", []) or [])
             self.garbage([ep for ep in endpoints if ep.startswith(("tcp://", "ipc://"))], self._rng)
         if self.started is None:
-            if self.coord.learner_version < 1:
+            # a train run's faults count from its first update (a run that never trained proves nothing),
+            # an eval run's from its first episode
+            begun = self.coord.learner_version >= 1 if self.coord.mode == "train" else self.coord.running
+            if not begun:
                 return
             self.started = now
         for fault in list(self.pending):  # each on its own: one waiting for its moment holds no other up
@@ -148,6 +155,9 @@ class ChaosMonkey:
             return bool(recent) and time.time() - recent[-1].at < 1.0
         if fault.moment == "eval":
             return any(run.todo.eval_version >= 0 for run in self.coord.running.values())
+        if fault.moment == "judging":  # the PRM holds transitions (queued, or with the judge now)
+            prm = getattr(self.writer, "_prm", {}) or {}
+            return bool(prm.get("prm_judging") or prm.get("prm_queued"))
         return True
 
     def _inject(self, fault: Fault, *, on_moment: bool) -> None:
@@ -238,6 +248,35 @@ class ChaosMonkey:
             out[key] = out.get(key, 0) + 1
         return out
 
+    def summary(self) -> dict[str, Any]:
+        """What the run's summary says of its chaos."""
+        return {
+            "seed": self.schedule.seed,
+            "faults": self.counts(),
+            "injected": len(self.injected),
+            "on_moment": sum(1 for x in self.injected if x["on_moment"] and x["moment"] != "any"),
+            "garbage_sent": self.garbage_sent,
+        }
+
+
+def start_monkey(cfg: Any, mode: str, run_dir: Path, sup: Any, coord: Any, writer: Any, out: Any) -> Any:
+    """The run's chaos monkey (`chaos.seed`), or None: its schedule drawn over the run's actors (the
+    coordinator aside) and desktops, and only the moments the run has (a fault waits for its moment, up to
+    `ChaosMonkey.MOMENT_WAIT_S`); the schedule is printed."""
+    c = cfg.chaos
+    if not c.seed:
+        return None
+    targets = [n for n in sup.actors if n != "coordinator"] + ["vm"]
+    moments: tuple[str, ...] = ("any", "setup")
+    if mode == "train":
+        moments = ("any", "broadcast", "setup")
+        moments += ("checkpoint",) if cfg.train.checkpoint_every else ()
+        moments += ("eval",) if cfg.train.eval_every else ()
+        moments += ("judging",) if "prm" in sup.actors else ()
+    schedule = Schedule.generate(c.seed, targets=targets, n_faults=c.faults, span_s=c.span_s, moments=moments)
+    out.write(f"[{mode}] {schedule.describe()}\n")
+    return ChaosMonkey(schedule, run_dir, sup, coord, writer)
+
 
 def _kill_a_desktop(run_dir: Path) -> int:
     """SIGKILL the session (bwrap) of one local desktop of the run: its pool sees it dead and replaces it."""
@@ -292,6 +331,9 @@ def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: flo
     faulted = {
         e for e, xs in ends.items() if any(x["status"] != "completed" or x.get("env_error") for x in xs)
     }
+    for eid, xs in ends.items():
+        if any(x.get("env_error") and (x["status"] == "completed" or x.get("score") is not None) for x in xs):
+            violations.append(f"episode {eid} ended in an environment fault but was scored")
 
     recorded = Lineage.load(run)
     forks = recorded.forks if recorded is not None else []

@@ -165,6 +165,8 @@ async def _progress(
             pass
         if status is not None:
             status.maybe(sup, coord)
+            if getattr(status, "monkey", None) is not None:
+                status.monkey.tick()
         gave_up = [e for e in sup.history if e.kind == "gave_up"]
         if gave_up:
             raise EvalError(f"actor {gave_up[0].name} kept crashing ({gave_up[0].detail}); see its log")
@@ -307,6 +309,7 @@ async def run_eval(
 ) -> dict:
     """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary. `cluster`
     (`guirl.cluster.run.ClusterRun`) places the actors on hosts; none: this machine's one-host cluster."""
+    from guirl.chaos import start_monkey
     from guirl.cluster.run import ClusterRun, StatusPrinter
     from guirl.status import StatusWriter
 
@@ -354,6 +357,7 @@ async def run_eval(
         bind=[cfg.endpoints.coordinator],
     )
     coord_task = await coord.start()
+    monkey = None
     try:
         async with Supervisor(cfg, run_dir=str(run_dir), launchers=cluster.launchers) as sup:
             broker = await _start_or_explain(
@@ -392,7 +396,14 @@ async def run_eval(
                 writer = StatusWriter(run_dir, coord, mode="eval")
                 writer.watch_broker(broker.endpoints[0])
                 status = StatusPrinter(cluster, cluster.status_interval_s, out, writer)
-                await _progress(coord, sup, e.progress_interval_s, out, status)
+                status.monkey = monkey = start_monkey(cfg, "eval", run_dir, sup, coord, writer, out)
+                try:
+                    # a fault waits for its moment: the monkey looks twice a second
+                    interval = e.progress_interval_s if monkey is None else min(e.progress_interval_s, 0.5)
+                    await _progress(coord, sup, interval, out, status)
+                finally:
+                    if monkey is not None:
+                        monkey.release()  # nothing is left stopped
             finally:  # no add/remove may run while (or after) the actors are stopped
                 await cluster.close()
             await sup.stop_all()
@@ -423,6 +434,8 @@ async def run_eval(
         "results": [dataclasses.asdict(r) for r in results],
         "skipped": [dataclasses.asdict(t) for t in skipped],
     }
+    if monkey is not None:
+        summary["chaos"] = monkey.summary()
     if dataset:
         from guirl.data.metrics import grounding_metrics, grounding_table
 

@@ -37,12 +37,36 @@ class StatusWriter:
         self._broker: Any = None  # a connection of the coordinator's to the broker, once it is known
         self._asking: asyncio.Task | None = None
         self._engines: dict[str, Any] = {}
+        self._prm_conn: Any = None  # ... and to the PRM, in a PRM+RL run
+        self._prm: dict[str, Any] = {}
+        self._asking_prm: asyncio.Task | None = None
         self._actors: dict[str, Any] = {}
 
     def watch_broker(self, endpoint: str) -> None:
         from guirl.messages import PolicyChannel
 
         self._broker = self.coord.connect("status-broker", endpoint, PolicyChannel)
+
+    def watch_prm(self, endpoint: str) -> None:
+        from guirl.messages import PRMChannel
+
+        self._prm_conn = self.coord.connect("status-prm", endpoint, PRMChannel)
+
+    async def _ask_prm(self) -> None:
+        from guirl.actors.errors import ActorError
+        from guirl.messages.types import StatsRequest
+
+        try:
+            reply = await self._prm_conn.request(StatsRequest(), timeout=5.0)
+        except ActorError as exc:
+            self._prm = {"prm_error": f"the PRM did not answer: {exc}"[:200]}
+            return
+        c = reply.counters
+        self._prm = {
+            "prm_queued": c.get("queue.depth", 0),
+            "prm_judging": c.get("judging", 0),
+            "prm_scores_sent": c.get("scores.sent", 0),
+        }
 
     async def _ask_broker(self) -> None:
         from guirl.actors.errors import ActorError
@@ -75,10 +99,15 @@ class StatusWriter:
         if not force and now - self._last < self.interval_s:
             return
         self._last = now
-        if force and self._asking is not None:
-            self._asking.cancel()
-        elif self._broker is not None and (self._asking is None or self._asking.done()):
-            self._asking = asyncio.create_task(self._ask_broker(), name="status-broker")
+        if force:
+            for asking in (self._asking, self._asking_prm):
+                if asking is not None:
+                    asking.cancel()
+        else:
+            if self._broker is not None and (self._asking is None or self._asking.done()):
+                self._asking = asyncio.create_task(self._ask_broker(), name="status-broker")
+            if self._prm_conn is not None and (self._asking_prm is None or self._asking_prm.done()):
+                self._asking_prm = asyncio.create_task(self._ask_prm(), name="status-prm")
         write_json_atomic(self.path, self.snapshot(sup), indent=1)
 
     def snapshot(self, sup: Any) -> dict[str, Any]:
@@ -129,6 +158,7 @@ class StatusWriter:
             "actors": actors,
             "learner": {"version": coord.learner_version, "epoch": epoch},
             **self._engines,
+            **self._prm,
             "episodes_running": episodes,
             "episodes": {
                 k.removeprefix("episodes."): v for k, v in counters.items() if k.startswith("episodes.")
@@ -200,6 +230,13 @@ def render(doc: dict[str, Any], now: float | None = None) -> str:
             f"{'healthy' if e.get('healthy') else 'UNHEALTHY'}"
             f"{'' if e.get('weights_intact', 1) else ', HALF-UPDATED (serves nothing until an update lands)'}"
             f"{behind}"
+        )
+    if "prm_queued" in doc or "prm_error" in doc:
+        lines.append(
+            f"prm: {doc['prm_error']}"
+            if "prm_error" in doc
+            else f"prm: {doc['prm_queued']} transitions queued, {doc['prm_judging']} with the judge, "
+            f"{doc.get('prm_scores_sent', 0)} scores sent"
         )
     if "pending_weight_updates" in doc:
         lines.append(

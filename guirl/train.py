@@ -25,6 +25,7 @@ import msgspec
 from guirl.actors.coordinator import Coordinator
 from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
+from guirl.chaos import start_monkey
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
 from guirl.eval import (
@@ -233,25 +234,6 @@ async def _follow(
             out.write(line + "\n")
             out.flush()
         last = line
-
-
-def _chaos(cfg: GuirlConfig, run_dir: Path, sup: Any, coord: Any, writer: Any, out: TextIO) -> Any:
-    """The run's chaos monkey (`train.chaos_seed`), or None."""
-    t = cfg.train
-    if not t.chaos_seed:
-        return None
-    from guirl.chaos import ChaosMonkey, Schedule
-
-    targets = [n for n in sup.actors if n != "coordinator"] + ["vm"]
-    # only moments this run has (a fault waits for its moment, up to ChaosMonkey.MOMENT_WAIT_S)
-    moments = ("any", "broadcast", "setup")
-    moments += ("checkpoint",) if t.checkpoint_every else ()
-    moments += ("eval",) if t.eval_every else ()
-    schedule = Schedule.generate(
-        t.chaos_seed, targets=targets, n_faults=t.chaos_faults, span_s=t.chaos_span_s, moments=moments
-    )
-    out.write(f"[train] {schedule.describe()}\n")
-    return ChaosMonkey(schedule, run_dir, sup, coord, writer)
 
 
 def _learner_restarts(run_dir: Path) -> int:
@@ -525,7 +507,9 @@ async def _train(
                 writer = StatusWriter(run_dir, coord, mode="train")
                 writer.watch_broker(broker.endpoints[0])
                 status = StatusPrinter(cluster, cluster.status_interval_s, out, writer)
-                monkey = _chaos(cfg, run_dir, sup, coord, writer, out)
+                if prm is not None:
+                    writer.watch_prm(prm.endpoints[0])
+                monkey = start_monkey(cfg, "train", run_dir, sup, coord, writer, out)
                 status.monkey = monkey
                 try:
                     await _follow(coord, sup, cfg, run_dir, out, tracking, status)
@@ -592,7 +576,7 @@ async def _train(
         "groups_reissued": coord.counters["groups.reissued"],
     }
     if monkey is not None:
-        summary["chaos"] = {"seed": t.chaos_seed, "faults": monkey.counts(), "injected": len(monkey.injected)}
+        summary["chaos"] = monkey.summary()
     write_json_atomic(run_dir / "summary.json", summary)
     out.write(update_table(metrics))
     print(

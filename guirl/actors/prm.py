@@ -81,6 +81,14 @@ class PRMActor(Actor):
             self.judge.template.version,
         )
 
+    def stats(self) -> Any:
+        """The counters, and gauges: `queue.depth` (transitions waiting for the judge) and `judging` (with
+        the judge now)."""
+        reply = super().stats()
+        reply.counters["queue.depth"] = len(self.queue)
+        reply.counters["judging"] = self.judging
+        return reply
+
     # -- transitions in ------------------------------------------------------------------------------
 
     async def handle(self, req: Request) -> Message | None:

@@ -701,18 +701,24 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (0 = off)."""
     fault_kill_prm_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
-    chaos_seed: NonNegInt = 0
-    """Chaos (tests and `bench/chaos.py`): inject `chaos_faults` faults drawn from this seed (0 = off):
-    SIGKILL or SIGSTOP/SIGCONT of the broker, the learner, env workers, the PRM, and desktops, at random
-    times after the first update and at chosen moments (mid-broadcast, mid-checkpoint, mid-setup,
-    mid-evaluation); see `guirl.chaos`. Every fault goes to `chaos.jsonl`."""
-    chaos_faults: NonNegInt = 6
-    """How many faults a chaos seed draws."""
-    chaos_span_s: PosFloat = 60.0
-    """Seconds after the first update over which the faults are spread."""
     fault_kill_learner_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL the learner once the engines serve this version (0 = off); it
     restarts from its latest checkpoint, or from the starting weights when it has none."""
+
+
+class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Fault injection into a local train or eval run (tests and `bench/chaos.py`; see `guirl.chaos`)."""
+
+    seed: NonNegInt = 0
+    """Inject `faults` faults drawn from this seed (0 = off): SIGKILL or SIGSTOP/SIGCONT of the broker, the
+    learner, env workers, the PRM, and desktops, at random times (after the first update of a train run,
+    the first episode of an eval run) and at chosen moments (mid-broadcast, mid-checkpoint, mid-setup,
+    mid-evaluation, mid-judging), with a hostile peer sending malformed messages to every actor. Every
+    fault goes to `chaos.jsonl`."""
+    faults: NonNegInt = 6
+    """How many faults a seed draws."""
+    span_s: PosFloat = 60.0
+    """Seconds over which the faults are spread."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -760,6 +766,8 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Grounding rows (GUI-R1 mode)."""
     sft: SFTConfig = msgspec.field(default_factory=SFTConfig)
     """Supervised fine-tuning."""
+    chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
+    """Fault injection (tests and soaks)."""
 
 
 # OpenClaw-RL's GUI-RL scripts' environment variables, by name -> dotted config path.

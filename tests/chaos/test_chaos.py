@@ -2,7 +2,7 @@
 local desktops) under a seeded fault schedule of SIGKILLs and SIGSTOP/SIGCONTs of every actor kind and
 of desktops, with a hostile peer sending malformed messages to every actor throughout; every invariant of
 `guirl.chaos.check_run` must hold. A failing seed prints the schedule that reproduces it
-(`--set train.chaos_seed=SEED` on the same command)."""
+(`--set chaos.seed=SEED` on the same command)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ def test_an_rl_run_under_chaos_keeps_every_invariant(tmp_path, tiny_ckpt, seed):
     broker killed mid-broadcast and again, the learner SIGSTOPped, the env worker and a desktop killed."""
     from bench.chaos import one_run
 
-    args = argparse.Namespace(updates=6, faults=5, span=20.0, gap_bound=GAP_BOUND_S, prm=False)
+    args = argparse.Namespace(updates=6, faults=5, span=20.0, gap_bound=GAP_BOUND_S, mode="rl")
     result = one_run(args, seed, tiny_ckpt, tmp_path)
-    reproduce = f"reproduce: python bench/chaos.py --seed {seed} --minutes 0 --updates 6 --faults 5 --span 20"
+    reproduce = f"reproduce: python bench/chaos.py --mode rl --seed {seed} --minutes 0 --updates 6 --faults 5"
+    reproduce += " --span 20"
     assert result["violations"] == [], (
         f"{result.get('schedule', '')}\n{reproduce}\n{json.dumps(result, indent=1)}"
     )
@@ -45,6 +46,26 @@ def test_an_rl_run_under_chaos_keeps_every_invariant(tmp_path, tiny_ckpt, seed):
     assert len(lines) == 5 and len(injected) >= 2  # the rest listed: the run may end before they are due
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["chaos"]["injected"] == len(injected) and summary["final_version"] == 6
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_scripted_solutions_score_100_under_chaos(tmp_path, tiny_ckpt, seed):
+    """An eval run of the scripted reference solutions under a seeded schedule (seed 3: the env worker
+    killed and SIGSTOPped, a desktop and the broker killed): every invariant holds and the accuracy is the
+    100 % it is without faults (`bench.chaos.one_run` checks it), every faulted episode played again."""
+    from bench.chaos import one_run
+
+    args = argparse.Namespace(faults=4, span=15.0, gap_bound=GAP_BOUND_S, mode="eval", updates=0)
+    result = one_run(args, seed, tiny_ckpt, tmp_path)
+    reproduce = f"reproduce: python bench/chaos.py --mode eval --seed {seed} --minutes 0 --faults 4 --span 15"
+    assert result["violations"] == [], (
+        f"{result.get('schedule', '')}\n{reproduce}\n{json.dumps(result, indent=1)}"
+    )
+    summary = json.loads((Path(result["run_dir"]) / "summary.json").read_text())
+    assert summary["accuracy"] == 1.0 and summary["tasks"] == 6 and summary["chaos"]["injected"] >= 2
+    retried = [r for r in summary["results"] if r["attempts"] > 1]
+    assert summary["env_errors"] == sum(len(r["env_errors"]) for r in summary["results"])
+    assert all(r["score"] == 1.0 for r in retried)
 
 
 def test_a_schedule_is_its_seed():
@@ -70,6 +91,8 @@ def test_the_checker_finds_what_a_broken_run_did(tmp_path):
         {"kind": "ended", "episode_id": "e2", "status": "retried", "env_error": "VM died"},
         {"kind": "assigned", "episode_id": "e3"},  # never ended
         {"kind": "ended", "episode_id": "e4", "status": "completed", "env_error": ""},  # never handed out
+        {"kind": "assigned", "episode_id": "e6"},
+        {"kind": "ended", "episode_id": "e6", "status": "retried", "env_error": "VM died", "score": 0.0},
     ]
     (run / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in ledger))
     trained = [
@@ -87,4 +110,5 @@ def test_the_checker_finds_what_a_broken_run_did(tmp_path):
     assert "e1 trained twice" in text and "e2 ended in a fault but was trained" in text
     assert "episode e5: a step of version 2 (epoch 0)" in text  # past epoch 1's fork at version 1
     assert "90.0 s without an env step" in text
+    assert "e6 ended in an environment fault but was scored" in text
     assert report["max_gap_s"] == 90.0
