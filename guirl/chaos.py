@@ -337,15 +337,21 @@ def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: flo
 
     recorded = Lineage.load(run)
     forks = recorded.forks if recorded is not None else []
-    trained_seen: set[str] = set()
+    trained_at: dict[str, list[tuple[int, int]]] = {}  # episode -> the (epoch, version) updates that had it
     samples = 0
+
+    def inherited(at: tuple[int, int], epoch: int) -> bool:
+        """Update `at` is in the history of lineage `epoch` (not undone by a restart from an older
+        checkpoint in between: then training the episode again is no second training)."""
+        return at[0] == epoch or at[1] <= min(forks[at[0] + 1 : epoch + 1], default=at[1])
+
     for line in _jsonl(run / "trained.jsonl"):
         epoch, version = line["epoch"], line["version"]
         lineage = Lineage(forks[: epoch + 1]) if forks else None
         for eid, steps in line["episodes"].items():
-            if eid in trained_seen:
+            if any(inherited(at, epoch) for at in trained_at.get(eid, [])):
                 violations.append(f"episode {eid} trained twice (again at version {version}, epoch {epoch})")
-            trained_seen.add(eid)
+            trained_at.setdefault(eid, []).append((epoch, version))
             if eid in faulted:
                 violations.append(f"episode {eid} ended in a fault but was trained at version {version}")
             for step_epoch, step_version in steps:
@@ -372,7 +378,7 @@ def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: flo
         "violations": violations,
         "episodes": len(assigned),
         "episodes_faulted": len(faulted),
-        "episodes_trained": len(trained_seen),
+        "episodes_trained": len(trained_at),
         "samples_trained": samples,
         "env_steps": len(times),
         "max_gap_s": round(max_gap, 2),

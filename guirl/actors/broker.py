@@ -286,7 +286,8 @@ class InferenceBroker(Actor):
         self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
         self._updating = asyncio.Lock()  # weight updates take turns (each drains the engines)
-        self._pending_updates: list[tuple[str, asyncio.Task]] = []  # (sender, update) while they run
+        # (sender, update, its lineage epoch) while they run
+        self._pending_updates: list[tuple[str, asyncio.Task, int]] = []
         self.policy_epoch = 0  # the learner lineage of the policy engines' weights (`WeightsPublished.epoch`)
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -364,7 +365,7 @@ class InferenceBroker(Actor):
         reply.counters["weights.live_ranks"] = self.live_weight_ranks()
         reply.counters["requests.queued"] = sum(len(q.queue) for q in self.models.values())
         reply.counters["requests.inflight"] = sum(q.inflight for q in self.models.values())
-        reply.counters["weights.pending"] = sum(1 for _, u in self._pending_updates if not u.done())
+        reply.counters["weights.pending"] = sum(1 for _, u, _ in self._pending_updates if not u.done())
         queue = self.models.get(self.model)
         for slot in queue.slots if queue is not None else []:  # what each policy engine serves now
             name = slot.engine.name
@@ -391,21 +392,22 @@ class InferenceBroker(Actor):
         is declared dead or leaves, or sends a newer update: a broadcast from a dead learner never comes,
         and waiting for the weight group's timeout would hold every engine that long."""
         actor = sender.split("/", 1)[0]  # a routing id is the actor's name and its process's own suffix
-        for other, pending in self._pending_updates:
+        newest = max([self.policy_epoch, *(epoch for _, _, epoch in self._pending_updates)])
+        if msg.epoch < newest:
+            # a dead learner's update, handled after its successor's: it would put the engines back on
+            # weights outside the new learner's lineage (and must not cancel the successor's)
+            self.counters["weights.stale_epoch"] += 1
+            return ErrorReply(
+                code="version",
+                message=f"update of epoch {msg.epoch}: the engines serve (or take) epoch {newest} already",
+            )
+        for other, pending, _ in self._pending_updates:
             # superseded: given up on by its sender, or sent by a learner that has restarted since
             if other.split("/", 1)[0] == actor and not pending.done() and not pending.cancelling():
                 self.counters["weights.superseded"] += 1
                 pending.cancel()
-        if msg.epoch < self.policy_epoch:
-            # a dead learner's update, handled after its successor's: it would put the engines back on
-            # weights outside the new learner's lineage
-            self.counters["weights.stale_epoch"] += 1
-            return ErrorReply(
-                code="version",
-                message=f"update of epoch {msg.epoch}: the engines serve epoch {self.policy_epoch} already",
-            )
         update = asyncio.create_task(self._update_weights(msg))
-        entry = (sender, update)
+        entry = (sender, update, msg.epoch)
         self._pending_updates.append(entry)
         try:
             await asyncio.wait({update})
@@ -421,7 +423,7 @@ class InferenceBroker(Actor):
         return Ack(note=f"engines at version {msg.version}")
 
     def on_peer_dead(self, name: str, error: Exception) -> None:
-        for sender, update in self._pending_updates:
+        for sender, update, _ in self._pending_updates:
             if sender == name and not update.done() and not update.cancelling():
                 log.warning("%s, the sender of a pending weight update, is dead (%s): abandoned", name, error)
                 update.cancel()
@@ -434,7 +436,7 @@ class InferenceBroker(Actor):
         if queue is None:
             self.counters["requests.unknown_model"] += 1
             return ErrorReply(code="unsupported", message=f"no engine serves model {msg.model!r}")
-        if not queue.any_healthy:
+        if not queue.any_serving:
             self.counters["requests.no_engine"] += 1
             return ErrorReply(code="overloaded", message="no healthy engine right now", retryable=True)
         if len(queue.queue) >= queue.max_queue:
@@ -586,7 +588,7 @@ class InferenceBroker(Actor):
         for p in batch:
             p.attempts += 1
             p.tried.add(name)
-            if retryable and p.attempts < self.cfg.max_attempts and queue.any_healthy:
+            if retryable and p.attempts < self.cfg.max_attempts and queue.any_serving:
                 requeue.append(p)
             else:
                 self.counters["requests.failed"] += 1
@@ -619,7 +621,7 @@ class InferenceBroker(Actor):
                     log.warning("engine %s is %s", slot.engine.name, "back" if ok else "unhealthy")
                     self.counters["engines.revived" if ok else "engines.marked_dead"] += 1
                 slot.healthy = ok
-            if not queue.any_healthy and queue.queue:
+            if not queue.any_serving and queue.queue:
                 # nothing can serve them: answer now (retryable) rather than let every caller time out
                 while queue.queue:
                     p = queue.queue.popleft()

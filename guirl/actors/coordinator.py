@@ -5,7 +5,11 @@ Workers pull (`WorkRequest` → `EpisodeAssignment` | `NoWork`), so a busy clust
 than it asked for. Every assignment gets a fresh episode id; its end state is `completed` (scored),
 `retried` (an environment fault: the task goes back to the head of the queue as a new attempt, until
 `max_attempts`, after which it is `aborted`) or `aborted`. An episode whose worker dies is retried the
-same way. A late or repeated report of an episode that already ended is refused and counted.
+same way. A late report of an episode that already ended (its worker was declared dead meanwhile) is
+refused and counted, and the worker then never delivers its trajectory; a repeated report (a retry whose
+first answer was lost) is answered as the first was. A completed training episode is held until its worker
+says the learner has its trajectory (`EpisodeDelivered`): if the worker dies first, the same sample goes
+out again (the learner ignores the second of two trajectories of one sample).
 
 Eval mode runs every task `n_samples` times, once through. Train mode admits whole GRPO groups (a task
 and `n_samples` attempts of it, one `group_id`) from a task order reshuffled each epoch, under AReaL's
@@ -33,8 +37,10 @@ from guirl.messages import CoordinatorChannel
 from guirl.messages.types import (
     Ack,
     EpisodeAssignment,
+    EpisodeDelivered,
     EpisodeEnded,
     EpisodeRejected,
+    GroupsRetired,
     LearnerResumed,
     Message,
     NoWork,
@@ -143,6 +149,9 @@ class Coordinator(Actor):
         self.total = len(self.todo) if mode == "eval" else max_groups * n_samples
         self.running: dict[str, _Running] = {}
         self.ended: dict[str, EpisodeEnded] = {}
+        self.delivering: dict[str, _Running] = {}  # completed training episodes not yet at the learner
+        self.handed_back: set[str] = set()  # episodes whose sample went out again (EpisodeRejected)
+        self.learner_epoch = 0  # the newest lineage epoch heard of
         self.results: dict[tuple[str, int], TaskResult] = {}  # by (group id, sample index)
         self.env_errors: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
         self.workers: dict[str, Register] = {}
@@ -200,11 +209,18 @@ class Coordinator(Actor):
                 return self._end(ended)
             case EpisodeRejected() as rejected:
                 return self._rejected(rejected)
+            case EpisodeDelivered(episode_id=eid):
+                self.counters["episodes.delivered"] += 1
+                return Ack(ok=self.delivering.pop(eid, None) is not None or eid in self.ended)
             case LearnerResumed(version=version, trained_groups=trained):
-                again = self.reissue_lost(set(trained))
+                retired = self.reissue_lost(set(trained))
                 self.learner_version = version  # a restarted learner may be behind what we were told
-                return Ack(note=f"{again} group(s) handed out again")
+                return GroupsRetired(groups=retired)
             case WeightsPublished(version=version, epoch=epoch):
+                if epoch < self.learner_epoch:  # a dead learner's, arriving after its successor's
+                    self.counters["weights.stale_epoch"] += 1
+                    return Ack(ok=False, note=f"epoch {epoch}: the learner is at epoch {self.learner_epoch}")
+                self.learner_epoch = epoch
                 if version > self.learner_version:
                     self.learner_version = version
                     self.counters["learner.version"] = version
@@ -293,9 +309,10 @@ class Coordinator(Actor):
         self.save_state()
         return len(again)
 
-    def reissue_lost(self, trained: set[str]) -> int:
+    def reissue_lost(self, trained: set[str]) -> list[str]:
         """Hand out again the admitted groups that are neither trained nor running nor queued: their
-        trajectories were delivered to a learner that died before its next checkpoint."""
+        trajectories were delivered to a learner that died before its next checkpoint. Returns the group
+        ids retired (each goes out again under a fresh id)."""
         busy = {r.todo.group_id for r in self.running.values()} | {t.group_id for t in self.todo}
         lost = [g for g in self.admitted_groups if g not in trained and g not in busy]
         by_id = {t.task_id: t for t in self.tasks}
@@ -311,18 +328,23 @@ class Coordinator(Actor):
         if lost:
             log.warning("the learner restarted: %d group(s) handed out again", len(lost))
             self.save_state()
-        return len(lost)
+        return lost
 
     def _rejected(self, rej: EpisodeRejected) -> Ack:
         """An episode will not be trained (the learner refused it: played by weights outside its lineage;
         or its worker could not deliver it): the same sample of its group goes out again, first in line,
         unless the group is no longer the run's (handed out again whole after a learner restart, or the run
         is ending)."""
-        why = "undelivered" if rej.undelivered else "rejected_by_learner"
-        self.counters[f"episodes.{why}"] += 1
+        if rej.episode_id in self.handed_back:  # a retried request, or handed back by worker and learner
+            self.counters["episodes.rejected_again"] += 1
+            return Ack(note=f"episode {rej.episode_id!r}: its sample was handed out again already")
         end = self.ended.get(rej.episode_id)
         if end is None or end.status != "completed":
+            self.counters["episodes.rejection_refused"] += 1
             return Ack(ok=False, note=f"episode {rej.episode_id!r} did not end completed: not handed out")
+        why = "undelivered" if rej.undelivered else "rejected_by_learner"
+        self.counters[f"episodes.{why}"] += 1
+        self.delivering.pop(rej.episode_id, None)
         task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
         ending = self.closing or self.no_more_groups
         if self.mode != "train" or ending or task is None or not 0 <= rej.sample_index < self.n_samples:
@@ -340,6 +362,7 @@ class Coordinator(Actor):
                 self.rejections[key],
             )
             return Ack(ok=False, note="rejected too often: not handed out again")
+        self.handed_back.add(rej.episode_id)
         self.todo.appendleft(_Todo(task, rej.sample_index, 0, rej.group_id))
         self.counters[f"episodes.reissued_{'undelivered' if rej.undelivered else 'version_mismatch'}"] += 1
         log.warning(
@@ -462,6 +485,8 @@ class Coordinator(Actor):
                 self._final(key, todo, ended, "aborted", run)
         else:
             self._final(key, todo, ended, ended.status, run)
+            if ended.status == "completed" and self.mode == "train" and todo.eval_version < 0:
+                self.delivering[eid] = run  # until its worker says the learner has it
         self.progress.set()
         return Ack()
 
@@ -534,7 +559,9 @@ class Coordinator(Actor):
         self.on_peer_dead(name, ConnectionError("left"))
 
     def on_peer_dead(self, name: str, error: Exception) -> None:
-        """A worker vanished (or left) with episodes running: they end `retried` (an environment fault)."""
+        """A worker vanished (or left) with episodes running: they end `retried` (an environment fault);
+        and the completed ones it had not yet delivered to the learner go out again."""
+        self._undelivered(name)
         lost = [eid for eid, run in self.running.items() if run.peer == name]
         if self.closing:
             for eid in lost:
@@ -549,6 +576,29 @@ class Coordinator(Actor):
                 EpisodeEnded(
                     episode_id=eid, status="retried", env_error=f"worker {name} died", outcome="env_error"
                 )
+            )
+
+    def _undelivered(self, peer: str) -> None:
+        """The worker `peer` died holding completed training episodes the learner may not have: each one's
+        sample goes out again, unless its group is no longer the run's (if the learner had it after all, it
+        keeps the first of the two)."""
+        for eid in [e for e, run in self.delivering.items() if run.peer == peer]:
+            run = self.delivering.pop(eid)
+            todo = run.todo
+            self.counters["episodes.lost_in_delivery"] += 1
+            if self.closing or self.no_more_groups or eid in self.handed_back:
+                continue
+            if self.admitted_groups.get(todo.group_id) != todo.task.task_id:
+                continue  # handed out again whole (a learner restart) meanwhile
+            self.handed_back.add(eid)
+            self.todo.appendleft(_Todo(todo.task, todo.sample_index, 0, todo.group_id))
+            self.counters["episodes.reissued_undelivered"] += 1
+            log.warning(
+                "worker %s died before it delivered episode %s: sample %d of %s handed out again",
+                peer,
+                eid,
+                todo.sample_index,
+                todo.group_id,
             )
 
     # -- reporting -----------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from guirl.messages.types import (
     Ack,
     ChatMessage,
     EpisodeAssignment,
+    EpisodeDelivered,
     EpisodeEnded,
     EpisodeRejected,
     Image,
@@ -284,9 +285,8 @@ class EnvWorker(Actor):
                         initial=rt.reconnect_backoff_initial_s,
                         cap=rt.reconnect_backoff_max_s,
                     )
-                    if not (isinstance(answer, Ack) and answer.ok):
-                        self._refused(ep, answer)
-                    elif traj is not None:
+                    self._record(ep, ended, answer)
+                    if isinstance(answer, Ack) and answer.ok and traj is not None:
                         await self._hand_over(ep, traj)
                 case other:
                     raise ActorError(f"coordinator answered {type(other).__name__} to a work request")
@@ -327,7 +327,10 @@ class EnvWorker(Actor):
             "task_id": ep.task_id,
             "domain": ep.domain,
             "attempt": ep.attempt,
-            "status": "retried" if env_error else "completed",
+            # until the coordinator has taken the end (`_record`): a worker killed before then leaves an
+            # episode that readers (behaviour cloning, metrics) must not take for completed
+            "status": "unreported",
+            "reported": "retried" if env_error else "completed",
             "outcome": episode.outcome,
             "score": episode.score,
             "steps": episode.steps,
@@ -420,21 +423,25 @@ class EnvWorker(Actor):
             reward_parts=episode.reward_parts,
         )
 
-    def _refused(self, ep: EpisodeAssignment, answer: Any) -> None:
-        """The coordinator did not take this episode's end: it had already ended it (this worker was declared
-        dead — a hung process, a partition — and its episodes were played again elsewhere). Its trajectory
-        is never delivered (it would be a second, unledgered sample of the task), and its `result.json`
-        says so."""
+    def _record(self, ep: EpisodeAssignment, ended: EpisodeEnded, answer: Any) -> None:
+        """`result.json` takes the coordinator's word: the end state it took, or `refused` when it had
+        already ended the episode (this worker was declared dead — a hung process, a partition — and its
+        episodes were played again elsewhere). A refused episode's trajectory is never delivered (it would
+        be a second, unledgered sample of the task)."""
+        taken = isinstance(answer, Ack) and answer.ok
         note = getattr(answer, "note", type(answer).__name__)
-        self.counters["episodes.end_refused"] += 1
-        log.warning("episode %s: its end was not taken (%s): not delivered", ep.episode_id, note)
+        if not taken:
+            self.counters["episodes.end_refused"] += 1
+            log.warning("episode %s: its end was not taken (%s): not delivered", ep.episode_id, note)
         path = self.run_dir / "episodes" / ep.task_id / ep.episode_id / "result.json"
         try:
             result = json.loads(path.read_text())
-            result.update(status="refused", refused=str(note)[:300])
+            result["status"] = ended.status if taken else "refused"
+            if not taken:
+                result["refused"] = str(note)[:300]
             write_json_atomic(path, result)
         except (OSError, ValueError) as exc:
-            log.warning("could not mark %s refused: %s", path, exc)
+            log.warning("could not record %s: %s", path, exc)
 
     async def _hand_over(self, ep: EpisodeAssignment, traj: Trajectory) -> None:
         """Send a completed episode's samples to the learner, once the coordinator has taken its end (its
@@ -468,6 +475,13 @@ class EnvWorker(Actor):
             )
             return
         self.counters["trajectories.sent"] += 1
+        # the coordinator holds the sample until now: had this worker died before, it would go out again
+        await retry_idempotent(
+            lambda: self.coord.request(EpisodeDelivered(episode_id=ep.episode_id)),
+            attempts=20,
+            initial=rt.reconnect_backoff_initial_s,
+            cap=rt.reconnect_backoff_max_s,
+        )
 
     def _response_format(self) -> tuple[Any, Any]:
         """How the policy is asked and read (`agent.response_format`): (prompt builder, response parser)."""

@@ -37,6 +37,7 @@ from guirl.messages.types import (
     Ack,
     EpisodeRejected,
     ErrorReply,
+    GroupsRetired,
     LearnerResumed,
     Message,
     StatsRequest,
@@ -190,10 +191,17 @@ class Learner(Actor):
             await self._publish(wait=True)
         if self.coord is not None:
             # whatever the previous learner received after its checkpoint died with it: the coordinator
-            # hands those groups out again (a fresh start has nothing admitted: a no-op)
-            await self._tell(
-                self.coord, LearnerResumed(version=self.version, trained_groups=sorted(self.trained_groups))
-            )
+            # hands those groups out again under fresh ids (a fresh start has nothing admitted: a no-op),
+            # and a member of a retired group still on its way is never trained
+            resumed = LearnerResumed(version=self.version, trained_groups=sorted(self.trained_groups))
+            try:
+                reply = await self.coord.request(resumed, timeout=self.runtime.request_timeout_s)
+            except ActorError as exc:  # the coordinator is the driver's: it is gone only when the run is
+                log.warning("could not tell the coordinator this learner resumed: %s", exc)
+                reply = None
+            if isinstance(reply, GroupsRetired):
+                self.buffer.settled.update(reply.groups)
+                self.counters["groups.retired"] += len(reply.groups)
         log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
 
     async def teardown(self) -> None:
@@ -518,8 +526,13 @@ class Learner(Actor):
                 if t.episode_id in used
             },
         }
-        with open(self.run_dir / TRAINED_LEDGER, "a") as f:
-            f.write(json.dumps(line) + "\n")
+        try:
+            with open(self.run_dir / TRAINED_LEDGER, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as exc:  # a full disk must not stop training; it is counted and said once
+            self.counters["ledger.unwritten"] += 1
+            if self.counters["ledger.unwritten"] == 1:
+                log.error("cannot write %s: %s", self.run_dir / TRAINED_LEDGER, exc)
 
     def _log_advantages(self, trajs: list[Trajectory], samples: list) -> None:
         """What each trained step was credited with (`train.log_advantages`): to study the estimator."""

@@ -134,3 +134,9 @@ class ModelQueue:
     @property
     def any_healthy(self) -> bool:
         return any(s.healthy for s in self.slots)
+
+    @property
+    def any_serving(self) -> bool:
+        """Some engine is healthy and holds one version's weights whole (not one mid-way through an update
+        that failed: see `weights_intact`), so queued requests will be served."""
+        return any(s.healthy and weights_intact(s.engine) for s in self.slots)

@@ -363,6 +363,9 @@ class SGLangEngine:
         timings: dict[str, float] = {}
         if "path" in spec:
             body = {"model_path": str(spec["path"]), "weight_version": str(version), "flush_cache": False}
+            # a load that fails part-way makes SGLang reload the weights it was launched with (or last
+            # loaded from disk), not those it served: no version's, as far as guirl can tell
+            self.weights_intact = False
             await self._control("/update_weights_from_disk", body, self.request_timeout_s)
             timings["receive"] = time.monotonic() - started
         elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
@@ -389,8 +392,8 @@ class SGLangEngine:
             except BaseException:  # failed or abandoned half-way: the group is out of step, a new one later
                 if not self.weights_intact:
                     log.warning(
-                        "engine %s: update to version %d ended half-way: it serves nothing until an update "
-                        "lands whole",
+                        "engine %s: update to version %d did not land whole: it serves nothing until an "
+                        "update does",
                         self.name,
                         version,
                     )

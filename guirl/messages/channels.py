@@ -11,9 +11,11 @@ from guirl.messages.types import (
     Echo,
     EchoReply,
     EpisodeAssignment,
+    EpisodeDelivered,
     EpisodeEnded,
     EpisodeRejected,
     ErrorReply,
+    GroupsRetired,
     Heartbeat,
     LearnerResumed,
     NoWork,
@@ -42,7 +44,9 @@ CoordinatorChannel = (
     | EpisodeEnded
     | WeightsPublished
     | LearnerResumed
+    | GroupsRetired
     | EpisodeRejected
+    | EpisodeDelivered
 )
 PolicyChannel = Control | Ack | PolicyRequest | PolicyResponse | WeightsPublished
 PRMChannel = Control | Ack | Transition | StepScore
@@ -65,7 +69,9 @@ ANY = (
     | Trajectory
     | WeightsPublished
     | LearnerResumed
+    | GroupsRetired
     | EpisodeRejected
+    | EpisodeDelivered
 )
 """Every message type: for tools (replay, inspection) that must read any channel."""
 

@@ -421,6 +421,21 @@ class LearnerResumed(Message):
     trained_groups: list[str] = []
 
 
+class GroupsRetired(Message):
+    """The coordinator's answer to `LearnerResumed`: the groups it handed out again whole under fresh ids.
+    A member of one of them still on its way (a worker retrying its delivery across the restart) is a
+    straggler of a group that is no longer the run's: the learner settles them, so it never trains one."""
+
+    groups: list[str] = []
+
+
+class EpisodeDelivered(Message):
+    """A worker's learner acknowledged a completed training episode's trajectory: the coordinator stops
+    holding the sample for the case that the worker dies before delivering it."""
+
+    episode_id: str
+
+
 class EpisodeRejected(Message):
     """An episode the coordinator ended `completed` will not be trained: the learner refused it (its steps
     were played by a policy outside the learner's lineage: weights a previous learner made after its last

@@ -91,13 +91,22 @@ def test_the_checker_finds_what_a_broken_run_did(tmp_path):
         {"kind": "ended", "episode_id": "e2", "status": "retried", "env_error": "VM died"},
         {"kind": "assigned", "episode_id": "e3"},  # never ended
         {"kind": "ended", "episode_id": "e4", "status": "completed", "env_error": ""},  # never handed out
+        {"kind": "assigned", "episode_id": "e7"},
+        {"kind": "ended", "episode_id": "e7", "status": "completed", "env_error": ""},
         {"kind": "assigned", "episode_id": "e6"},
         {"kind": "ended", "episode_id": "e6", "status": "retried", "env_error": "VM died", "score": 0.0},
     ]
     (run / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in ledger))
     trained = [
         {"version": 1, "epoch": 0, "episodes": {"e1": [[0, 0]]}},
-        {"version": 2, "epoch": 1, "episodes": {"e1": [[0, 0]], "e2": [[0, 1]], "e5": [[0, 2]]}},
+        # version 2 of epoch 0 died with its learner (epoch 1 began from version 1): e7 trained again is not
+        # trained twice
+        {"version": 2, "epoch": 0, "episodes": {"e7": [[0, 1]]}},
+        {
+            "version": 2,
+            "epoch": 1,
+            "episodes": {"e1": [[0, 0]], "e2": [[0, 1]], "e5": [[0, 2]], "e7": [[1, 1]]},
+        },
     ]
     (run / "trained.jsonl").write_text("".join(json.dumps(x) + "\n" for x in trained))
     ep = run / "episodes" / "t" / "e1"
@@ -111,4 +120,5 @@ def test_the_checker_finds_what_a_broken_run_did(tmp_path):
     assert "episode e5: a step of version 2 (epoch 0)" in text  # past epoch 1's fork at version 1
     assert "90.0 s without an env step" in text
     assert "e6 ended in an environment fault but was scored" in text
+    assert "e7 trained twice" not in text
     assert report["max_gap_s"] == 90.0

@@ -15,7 +15,10 @@ from guirl.messages import CoordinatorChannel
 from guirl.messages.types import (
     Ack,
     EpisodeAssignment,
+    EpisodeDelivered,
     EpisodeEnded,
+    EpisodeRejected,
+    GroupsRetired,
     LearnerResumed,
     NoWork,
     Register,
@@ -107,6 +110,53 @@ def test_a_lost_worker_episodes_are_retried():
             await asyncio.wait_for(task, 15)
 
     run(scenario())
+
+
+def test_a_sample_not_yet_at_the_learner_goes_out_again_when_its_worker_dies():
+    """A completed training episode is held until its worker says the learner has it: the worker dying
+    before that hands the sample out again (once); a delivered one is not. A repeated end report from the
+    same worker is answered as the first; a sample handed back twice goes out once; and a late end from a
+    worker taken for dead is refused."""
+    cfg = fast_config()
+
+    async def body(coord, conn):
+        a, b = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]  # one group of two
+        for w in (a, b):
+            ended = EpisodeEnded(episode_id=w.episode_id, status="completed", score=1.0, worker="w")
+            assert (await conn.request(ended)).ok
+            again = await conn.request(ended)  # its first answer lost: the same answer
+            assert again.ok and "repeated" in again.note
+        assert (await conn.request(EpisodeDelivered(episode_id=a.episode_id))).ok
+        peer = coord.delivering[b.episode_id].peer
+        coord.on_peer_dead(peer, ConnectionError("missed heartbeats"))
+        coord.on_peer_dead(peer, ConnectionError("missed heartbeats"))  # said twice: still once
+        c = await conn.request(WorkRequest(worker="w2"))
+        assert (c.group_id, c.sample_index, c.attempt) == (b.group_id, b.sample_index, 0)
+        assert coord.counters["episodes.reissued_undelivered"] == 1
+        # handed back by the worker and then by the learner (or a retried request): out once
+        for undelivered in (True, False):
+            rej = EpisodeRejected(
+                episode_id=c.episode_id,
+                group_id=c.group_id,
+                sample_index=c.sample_index,
+                task_id=c.task_id,
+                undelivered=undelivered,
+            )
+            if undelivered:
+                assert not (await conn.request(rej)).ok  # not ended yet: nothing to hand out
+                done = EpisodeEnded(episode_id=c.episode_id, status="completed", score=0.0, worker="w2")
+                assert (await conn.request(done)).ok
+            assert (await conn.request(rej)).ok
+        d = await conn.request(WorkRequest(worker="w2"))
+        assert (d.group_id, d.sample_index) == (c.group_id, c.sample_index)
+        assert coord.counters["episodes.rejected_again"] == 1
+        # the worker of d is taken for dead mid-episode and d retried; its late end is refused
+        coord.on_peer_dead(coord.running[d.episode_id].peer, ConnectionError("missed heartbeats"))
+        late = EpisodeEnded(episode_id=d.episode_id, status="completed", score=1.0, worker="w2")
+        refused = await conn.request(late)
+        assert not refused.ok and "already ended retried" in refused.note
+
+    run(_with_coordinator(cfg, _tasks(1), body, mode="train", n_samples=2, batch_size=1, max_staleness=1))
 
 
 def test_load_suite_reads_the_local_suite():
@@ -231,8 +281,8 @@ def test_a_restarted_learner_gets_the_groups_it_lost(tmp_path):
         for w in work:  # both groups delivered (and ended) ...
             await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", score=0.0))
         # ... but only the first was trained before the learner died
-        ack = await conn.request(LearnerResumed(version=1, trained_groups=[groups[0]]))
-        assert ack.ok and ack.note.startswith("1 group")
+        retired = await conn.request(LearnerResumed(version=1, trained_groups=[groups[0]]))
+        assert isinstance(retired, GroupsRetired) and retired.groups == [groups[1]]  # the learner settles it
         again = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
         assert {a.group_id for a in again} == {f"{groups[1]}r1"} and sorted(
             a.sample_index for a in again

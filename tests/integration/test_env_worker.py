@@ -528,3 +528,78 @@ def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(t
     assert worker.counters["episodes.end_refused"] == 1 and worker.counters["trajectories.sent"] == 1
     old = json.loads((tmp_path / "run" / "episodes" / "t-infeasible" / first / "result.json").read_text())
     assert old["status"] == "refused" and "already ended retried" in old["refused"]
+
+
+def test_a_trajectory_the_learner_will_not_take_goes_back_and_its_sample_out_again(tmp_path):
+    """The learner refuses the first trajectory (an error reply that is not worth retrying): the worker hands
+    the episode back to the coordinator, which hands the same sample out again; the second one is
+    delivered, and the coordinator holds no sample for delivery at the end."""
+    from guirl.actors.base import Actor, Request
+    from guirl.messages import LearnerChannel
+    from guirl.messages.types import Ack, ErrorReply, Trajectory
+
+    cfg = fast_config(PATIENT)
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "t-infeasible.jsonl").write_text(json.dumps({"type": "fail"}) + "\n")
+    offered: list[Trajectory] = []
+
+    class Learner(Actor):
+        channel = LearnerChannel
+
+        async def handle(self, req: Request):
+            if isinstance(req.msg, Trajectory):
+                offered.append(req.msg)
+                if len(offered) == 1:
+                    return ErrorReply(code="schema", message="not this one", retryable=False)
+                return Ack()
+            return await super().handle(req)
+
+    async def scenario():
+        coord = Coordinator(
+            "coordinator",
+            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+            mode="train",
+            n_samples=1,
+            max_groups=1,
+            max_steps=3,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        broker = InferenceBroker(
+            "broker",
+            inference=InferenceConfig(max_wait_ms=0.0),
+            engines=[_TokenScripted("s0", str(scripts), screen=(640, 480))],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
+        )
+        learner = Learner("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        actors = (coord, broker, learner)
+        tasks = [await a.start() for a in actors]
+        worker = EnvWorker(
+            "worker0",
+            coordinator=coord.endpoints[0],
+            broker=broker.endpoints[0],
+            learner=learner.endpoints[0],
+            run_dir=str(tmp_path / "run"),
+            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+            agent={"max_pixels": 320 * 240},
+            runtime=cfg.runtime,
+        )
+        try:
+            worker_task = await worker.start()
+            await asyncio.wait_for(worker_task, 90)  # two episodes, then "done"
+        finally:
+            for actor, task in zip(actors, tasks, strict=True):
+                actor.request_shutdown("test done")
+                await asyncio.wait_for(task, 15)
+        return coord, worker
+
+    coord, worker = run(scenario(), timeout=120)
+    first, second = offered
+    assert (first.group_id, first.sample_index) == (second.group_id, second.sample_index)
+    assert first.episode_id != second.episode_id
+    assert worker.counters["trajectories.undelivered"] == 1 and worker.counters["trajectories.sent"] == 1
+    assert coord.counters["episodes.reissued_undelivered"] == 1 and coord.delivering == {}
+    (result,) = coord.results.values()
+    assert result.episode_id == second.episode_id and result.status == "completed"
