@@ -127,6 +127,10 @@ def overrides(args: argparse.Namespace, heldout: Path) -> list[str]:
     ]
 
 
+def _pct(x: float | None) -> str:
+    return "not measured (--quick)" if x is None else f"{x:.1%}"
+
+
 def evaluate(base: list[str], model: Path, rows: Path, run_dir: Path) -> float:
     from guirl.eval import run_eval
 
@@ -174,7 +178,7 @@ def grpo(base: list[str], model: Path, args: argparse.Namespace, run_dir: Path, 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="a smoke run (< 3 min): few rows, steps, updates")
+    p.add_argument("--quick", action="store_true", help="a smoke run: few rows and updates, no test split")
     p.add_argument("--train-n", type=int, default=512)
     p.add_argument("--heldout-n", type=int, default=64)
     p.add_argument("--sft-epochs", type=int, default=2)
@@ -192,7 +196,8 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     args = p.parse_args()
     if args.quick:
-        args.train_n, args.heldout_n, args.sft_epochs, args.updates, args.eval_every = 64, 16, 1, 2, 1
+        # (and no test-split evaluations: every evaluation is a whole `guirl eval` run)
+        args.train_n, args.heldout_n, args.sft_epochs, args.updates, args.eval_every = 64, 16, 1, 2, 2
         args.batch, args.group = 2, 4
     setup_logging("bench", level="WARNING")
     started = time.time()
@@ -225,16 +230,16 @@ def main() -> None:
     sft_model = Path(sft["model"])
     print(f"SFT: {sft['steps']} steps, nll {sft['nll_first']} -> {sft['nll_last']}, {sft['seconds']:.0f} s")
     a0 = evaluate(base, sft_model, heldout, run / "eval-a0")
-    a0_test = evaluate(base, sft_model, test, run / "eval-a0-test")
-    print(f"A0 = {a0:.1%} (held-out train-distribution rows) · test split {a0_test:.1%}", flush=True)
+    a0_test = None if args.quick else evaluate(base, sft_model, test, run / "eval-a0-test")
+    print(f"A0 = {a0:.1%} (held-out train-distribution rows) · test split {_pct(a0_test)}", flush=True)
     setup_s = time.time() - started
 
     main_run = grpo(base, sft_model, args, run / "grpo", control=False)
     a1 = evaluate(base, main_run["model"], heldout, run / "eval-a1")
-    a1_test = evaluate(base, main_run["model"], test, run / "eval-a1-test")
+    a1_test = None if args.quick else evaluate(base, main_run["model"], test, run / "eval-a1-test")
     main_wall = time.time() - started
     print(f"GRPO curve (version, s, accuracy): {main_run['curve']}")
-    print(f"A1 = {a1:.1%} · test split {a1_test:.1%} · main run {main_wall:.0f} s", flush=True)
+    print(f"A1 = {a1:.1%} · test split {_pct(a1_test)} · main run {main_wall:.0f} s", flush=True)
     control = None
     if not args.no_control:
         control = grpo(base, sft_model, args, run / "control", control=True)
@@ -251,7 +256,8 @@ def main() -> None:
             f"| control (shuffled rewards) | {a0:.1%} | {control['a1']:.1%} | "
             f"{100 * (control['a1'] - a0):+.1f} | {control['wall_s']:.0f} |"
         )
-    print(f"| GRPO, test split | {a0_test:.1%} | {a1_test:.1%} | {100 * (a1_test - a0_test):+.1f} | |")
+    if a0_test is not None and a1_test is not None:
+        print(f"| GRPO, test split | {a0_test:.1%} | {a1_test:.1%} | {100 * (a1_test - a0_test):+.1f} | |")
     print(f"target A1 >= A0 + {TARGET_POINTS:g}: {'met' if gain >= TARGET_POINTS else 'NOT met'}")
     settings = {k: v for k, v in vars(args).items() if k not in ("train_rows", "keep")}
     settings |= {"model": MODEL, "overrides": base}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -35,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from guirl.proc import cmdline
+
+log = logging.getLogger(__name__)
 
 CHAOS_LOG = "chaos.jsonl"
 KINDS = ("kill", "stop")
@@ -101,11 +104,14 @@ class Schedule:
 
 
 class ChaosMonkey:
-    """Injects a schedule's faults into a run (see the module docstring). `tick` is cheap: call it from
-    the driver's loop as often as it wakes."""
+    """Injects a schedule's faults into a run (see the module docstring): `start` runs it on the driver's
+    loop, looking `TICK_S` apart (asking the broker and the PRM what they are doing when a fault waits for
+    a moment of theirs); `release` stops it."""
 
     MOMENT_WAIT_S = 15.0
     """How long a fault waits for its moment before striking anyway (so every fault is injected)."""
+    TICK_S = 0.1
+    """How often it looks: a tiny model's weight broadcast lasts well under a second."""
 
     def __init__(self, schedule: Schedule, run_dir: Path, sup: Any, coord: Any, writer: Any = None) -> None:
         self.schedule, self.run_dir, self.sup, self.coord = schedule, Path(run_dir), sup, coord
@@ -119,6 +125,42 @@ class ChaosMonkey:
         self.garbage_sent = 0
         self._next_junk = 0.0
         self._rng = random.Random(schedule.seed)
+        self._task: asyncio.Task | None = None
+        self._busy = {"broadcast": False, "judging": False}  # what the broker and the PRM said just now
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="chaos")
+
+    async def _run(self) -> None:
+        while self.pending or self.schedule.garbage:
+            try:
+                await self._ask()
+                self.tick()
+            except Exception:  # a fault injector that breaks must say so, and not take the run down
+                log.exception("chaos: injecting a fault failed")
+            await asyncio.sleep(self.TICK_S)  # a sampling period, not a wait for anything
+
+    async def _ask(self) -> None:
+        """Ask the broker (a weight update under way) and the PRM (transitions held) directly, when a due
+        fault waits for that moment: the status file's picture is seconds old."""
+        from guirl.actors.errors import ActorError
+        from guirl.messages.types import StatsRequest
+
+        now = time.monotonic()
+        due = {f.moment for f in self.pending if self.started is not None and now >= self.started + f.at_s}
+        for moment, conn, gauges in (
+            ("broadcast", getattr(self.writer, "_broker", None), ("weights.pending",)),
+            ("judging", getattr(self.writer, "_prm_conn", None), ("queue.depth", "judging")),
+        ):
+            if moment not in due or conn is None or conn.state != "alive":
+                self._busy[moment] = False
+                continue
+            try:
+                reply = await conn.request(StatsRequest(), timeout=1.0)
+            except ActorError:
+                self._busy[moment] = False
+                continue
+            self._busy[moment] = any(reply.counters.get(g, 0) for g in gauges)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -145,9 +187,8 @@ class ChaosMonkey:
             self._inject(fault, on_moment=on_moment)
 
     def _moment(self, fault: Fault) -> bool:
-        if fault.moment == "broadcast":
-            engines = getattr(self.writer, "_engines", {}) or {}
-            return bool(engines.get("pending_weight_updates"))
+        if fault.moment in self._busy:  # broadcast, judging
+            return self._busy[fault.moment]
         if fault.moment == "checkpoint":
             return any((self.run_dir / "checkpoints").glob(".v*.tmp"))
         if fault.moment == "setup":
@@ -155,9 +196,6 @@ class ChaosMonkey:
             return bool(recent) and time.time() - recent[-1].at < 1.0
         if fault.moment == "eval":
             return any(run.todo.eval_version >= 0 for run in self.coord.running.values())
-        if fault.moment == "judging":  # the PRM holds transitions (queued, or with the judge now)
-            prm = getattr(self.writer, "_prm", {}) or {}
-            return bool(prm.get("prm_judging") or prm.get("prm_queued"))
         return True
 
     def _inject(self, fault: Fault, *, on_moment: bool) -> None:
@@ -229,6 +267,9 @@ class ChaosMonkey:
     def release(self) -> None:
         """SIGCONT every process still stopped (before the run stops its actors); close the junk socket;
         list in `chaos.jsonl` the faults the run ended before (nothing of a schedule is left out silently)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
         for fault in self.pending:
             line = {"time": round(time.time(), 3), **asdict(fault), "pid": 0, "on_moment": False}
             with open(self.run_dir / CHAOS_LOG, "a") as f:
@@ -275,7 +316,9 @@ def start_monkey(cfg: Any, mode: str, run_dir: Path, sup: Any, coord: Any, write
         moments += ("judging",) if "prm" in sup.actors else ()
     schedule = Schedule.generate(c.seed, targets=targets, n_faults=c.faults, span_s=c.span_s, moments=moments)
     out.write(f"[{mode}] {schedule.describe()}\n")
-    return ChaosMonkey(schedule, run_dir, sup, coord, writer)
+    monkey = ChaosMonkey(schedule, run_dir, sup, coord, writer)
+    monkey.start()
+    return monkey
 
 
 def _kill_a_desktop(run_dir: Path) -> int:

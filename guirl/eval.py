@@ -165,8 +165,6 @@ async def _progress(
             pass
         if status is not None:
             status.maybe(sup, coord)
-            if getattr(status, "monkey", None) is not None:
-                status.monkey.tick()
         gave_up = [e for e in sup.history if e.kind == "gave_up"]
         if gave_up:
             raise EvalError(f"actor {gave_up[0].name} kept crashing ({gave_up[0].detail}); see its log")
@@ -396,11 +394,9 @@ async def run_eval(
                 writer = StatusWriter(run_dir, coord, mode="eval")
                 writer.watch_broker(broker.endpoints[0])
                 status = StatusPrinter(cluster, cluster.status_interval_s, out, writer)
-                status.monkey = monkey = start_monkey(cfg, "eval", run_dir, sup, coord, writer, out)
+                monkey = start_monkey(cfg, "eval", run_dir, sup, coord, writer, out)
                 try:
-                    # a fault waits for its moment: the monkey looks twice a second
-                    interval = e.progress_interval_s if monkey is None else min(e.progress_interval_s, 0.5)
-                    await _progress(coord, sup, interval, out, status)
+                    await _progress(coord, sup, e.progress_interval_s, out, status)
                 finally:
                     if monkey is not None:
                         monkey.release()  # nothing is left stopped

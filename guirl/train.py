@@ -183,10 +183,8 @@ async def _follow(
     """Print progress (and log it to W&B) until the learner has made its updates; fail if an actor cannot
     be kept up."""
     started, last = time.monotonic(), ""
-    kill_at = cfg.train.fault_kill_worker_at_version
     kill_prm_at = cfg.train.fault_kill_prm_at_version
     kill_learner_at = cfg.train.fault_kill_learner_at_version
-    monkey = getattr(status, "monkey", None)
     while True:
         coord.progress.clear()
         try:
@@ -196,8 +194,6 @@ async def _follow(
         tracking.poll(coord, started)
         if status is not None:
             status.maybe(sup, coord)
-        if monkey is not None:
-            monkey.tick()
         for e in sup.history:
             if e.kind == "gave_up":
                 raise EvalError(f"actor {e.name} kept crashing ({e.detail}); see its log")
@@ -218,14 +214,6 @@ async def _follow(
             out.write(
                 f"[train] fault injection: SIGKILLed the learner (pid {pid}) at version "
                 f"{coord.learner_version}\n"
-            )
-        running = coord.snapshot()["running"]
-        if kill_at and coord.learner_version >= kill_at and running and "worker0" in sup.actors:
-            kill_at = 0  # once, mid-episode (with one worker, the running episodes are its own)
-            pid = sup.kill("worker0")
-            out.write(
-                f"[train] fault injection: SIGKILLed worker0 (pid {pid}) at version {coord.learner_version} "
-                f"with {running} episode(s) running\n"
             )
         line = train_progress_line(
             coord, last_json_line(run_dir / "metrics.jsonl"), cfg.train.updates, started
@@ -510,7 +498,6 @@ async def _train(
                 if prm is not None:
                     writer.watch_prm(prm.endpoints[0])
                 monkey = start_monkey(cfg, "train", run_dir, sup, coord, writer, out)
-                status.monkey = monkey
                 try:
                     await _follow(coord, sup, cfg, run_dir, out, tracking, status)
                 finally:

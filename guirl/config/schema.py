@@ -696,9 +696,6 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ranks: PosInt = 1
     """Data-parallel learner processes (FSDP2 over gloo on CPU, NCCL on GPUs: one per learner GPU). The
     learner actor is rank 0 and starts the others."""
-    fault_kill_worker_at_version: NonNegInt = 0
-    """Fault injection for tests: SIGKILL env worker 0 mid-episode once the learner reaches this version
-    (0 = off)."""
     fault_kill_prm_at_version: NonNegInt = 0
     """Fault injection for tests: SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
     fault_kill_learner_at_version: NonNegInt = 0

@@ -1,8 +1,8 @@
-"""The standing chaos suite: a real `guirl train` run (broker with the tiny model, learner, env worker on
-local desktops) under a seeded fault schedule of SIGKILLs and SIGSTOP/SIGCONTs of every actor kind and
-of desktops, with a hostile peer sending malformed messages to every actor throughout; every invariant of
-`guirl.chaos.check_run` must hold. A failing seed prints the schedule that reproduces it
-(`--set chaos.seed=SEED` on the same command)."""
+"""The standing chaos suite: real runs on local desktops — `guirl train` in RL and PRM+RL mode (broker with
+the tiny model, learner, PRM, env worker) and `guirl eval` of the scripted reference solutions — each under
+a seeded fault schedule of SIGKILLs and SIGSTOP/SIGCONTs of every actor kind and of desktops, with a hostile
+peer sending malformed messages to every actor throughout; every invariant of `guirl.chaos.check_run` must
+hold. A failing seed prints the schedule and the command that reproduces it."""
 
 from __future__ import annotations
 
@@ -27,25 +27,39 @@ def tiny_ckpt(tmp_path_factory):
     return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
 
 
-@pytest.mark.parametrize("seed", [32])
-def test_an_rl_run_under_chaos_keeps_every_invariant(tmp_path, tiny_ckpt, seed):
-    """One run of `bench/chaos.py` (so the soak cannot rot): 6 updates, 5 faults over 20 s. Seed 32: the
-    broker killed mid-broadcast and again, the learner SIGSTOPped, the env worker and a desktop killed."""
+TRAIN_RUNS = [
+    # seed 32: the broker killed mid-broadcast and again, the learner SIGSTOPped, the env worker (mid-run)
+    # and a desktop killed
+    pytest.param("rl", 32, 6, 5, 20.0, id="rl-32"),
+    # seed 59: the learner killed mid-checkpoint, the PRM killed twice while judging, the env worker
+    # SIGSTOPped for 3.65 s (declared dead: its episodes played again, its late ends refused)
+    pytest.param("prm", 59, 4, 4, 15.0, id="prm-59"),
+]
+
+
+@pytest.mark.parametrize(("mode", "seed", "updates", "faults", "span"), TRAIN_RUNS)
+def test_a_train_run_under_chaos_keeps_every_invariant(
+    tmp_path, tiny_ckpt, mode, seed, updates, faults, span
+):
+    """One run of `bench/chaos.py` (so the soak cannot rot): RL with the tiny model, and PRM+RL with the
+    tiny model as policy and judge."""
     from bench.chaos import one_run
 
-    args = argparse.Namespace(updates=6, faults=5, span=20.0, gap_bound=GAP_BOUND_S, mode="rl")
+    args = argparse.Namespace(updates=updates, faults=faults, span=span, gap_bound=GAP_BOUND_S, mode=mode)
     result = one_run(args, seed, tiny_ckpt, tmp_path)
-    reproduce = f"reproduce: python bench/chaos.py --mode rl --seed {seed} --minutes 0 --updates 6 --faults 5"
-    reproduce += " --span 20"
+    reproduce = (
+        f"reproduce: python bench/chaos.py --mode {mode} --seed {seed} --minutes 0 --updates {updates}"
+    )
+    reproduce += f" --faults {faults} --span {span:g}"
     assert result["violations"] == [], (
         f"{result.get('schedule', '')}\n{reproduce}\n{json.dumps(result, indent=1)}"
     )
     run_dir = Path(result["run_dir"])
     lines = [json.loads(x) for x in (run_dir / "chaos.jsonl").read_text().splitlines()]
     injected = [x for x in lines if not x["done"].startswith("not injected")]
-    assert len(lines) == 5 and len(injected) >= 2  # the rest listed: the run may end before they are due
+    assert len(lines) == faults and len(injected) >= 2  # the rest listed: the run may end before they are due
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["chaos"]["injected"] == len(injected) and summary["final_version"] == 6
+    assert summary["chaos"]["injected"] == len(injected) and summary["final_version"] == updates
 
 
 @pytest.mark.parametrize("seed", [3])

@@ -152,22 +152,3 @@ def test_a_broken_rows_file_is_a_clear_error(tmp_path):
         cwd=ROOT,
     )
     assert out.returncode == 2 and "r1" in out.stderr and "image" in out.stderr
-
-
-def test_the_learning_benchmark_runs(tmp_path):
-    """`bench/learning.py --quick`: the whole proof (model, SFT, A0, GRPO with its curve, A1, the control)
-    end to end on a small budget, ending with its one line of JSON (the figures are the full run's job)."""
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "learning.py"), "--quick", "--keep", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    figures = json.loads(out.stdout.strip().splitlines()[-1])
-    assert {"A0", "A1", "control_A1", "curve", "control_curve", "params"} <= set(figures)
-    assert 0 <= figures["A0"] <= 1 and 0 <= figures["A1"] <= 1 and figures["params"] <= 20_000_000
-    assert figures["curve"] and figures["control_curve"]
