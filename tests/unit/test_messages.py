@@ -34,9 +34,11 @@ from guirl.messages.types import (
     Echo,
     EchoReply,
     EpisodeAssignment,
+    EpisodeDelivered,
     EpisodeEnded,
     EpisodeRejected,
     ErrorReply,
+    GroupsRetired,
     Heartbeat,
     Image,
     ImagePart,
@@ -169,6 +171,8 @@ EXAMPLES: dict[type, Message] = {
     EpisodeRejected: EpisodeRejected(
         episode_id="e9", group_id="t@2", sample_index=1, task_id="t", reason="version 3 of epoch 0"
     ),
+    GroupsRetired: GroupsRetired(groups=["t@1"]),
+    EpisodeDelivered: EpisodeDelivered(episode_id="e9"),
 }
 
 ANY_TYPES = typing.get_args(ANY)
