@@ -51,7 +51,7 @@ class Fault:
     at_s: float
     """Seconds after the run's first update (the earliest it may strike; a moment waits for its moment)."""
     target: str
-    """An actor name, or `vm` (a desktop of env worker 0)."""
+    """An actor name, or `vm` (one of the run's local desktops)."""
     kind: str
     """`kill` (SIGKILL) or `stop` (SIGSTOP, then SIGCONT after `hold_s`)."""
     moment: str = "any"

@@ -435,10 +435,11 @@ class Coordinator(Actor):
     def _end(self, ended: EpisodeEnded) -> Ack:
         eid = ended.episode_id
         if eid in self.ended:
-            self.counters["episodes.duplicate_end"] += 1
             first = self.ended[eid]
             if ended.worker and (first.worker, first.status) == (ended.worker, ended.status):
+                self.counters["episodes.repeated_report"] += 1
                 return Ack(note=f"episode {eid!r} already ended {first.status} (a repeated report)")
+            self.counters["episodes.duplicate_end"] += 1
             # e.g. a worker declared dead (a hung process) whose episode was retried elsewhere: its late
             # end is refused, and the worker does not deliver the trajectory
             return Ack(ok=False, note=f"episode {eid!r} already ended {first.status}")

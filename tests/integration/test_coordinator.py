@@ -126,6 +126,8 @@ def test_a_sample_not_yet_at_the_learner_goes_out_again_when_its_worker_dies():
             assert (await conn.request(ended)).ok
             again = await conn.request(ended)  # its first answer lost: the same answer
             assert again.ok and "repeated" in again.note
+        counts = coord.counters
+        assert counts["episodes.repeated_report"] == 2 and counts["episodes.duplicate_end"] == 0
         assert (await conn.request(EpisodeDelivered(episode_id=a.episode_id))).ok
         peer = coord.delivering[b.episode_id].peer
         coord.on_peer_dead(peer, ConnectionError("missed heartbeats"))

@@ -275,8 +275,8 @@ def test_an_update_abandoned_half_way_serves_nothing_until_one_lands_whole(
 ) -> None:
     """Each bucket overwrites the server's live weights: an update abandoned after some of them (its sender
     died, a newer one superseded it) leaves weights that are no version's. The engine says so, the broker's
-    slot takes no request (its samples would be labelled with a version they were not played by) but the
-    engine still takes the next update, and one that lands whole makes it serve again."""
+    slot takes no request (its samples would be labelled with a version they were not played by), and an
+    update that lands whole (here from disk) makes it serve again."""
     from safetensors.torch import save_file
 
     from guirl.actors.routing import EngineSlot
