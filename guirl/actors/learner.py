@@ -200,7 +200,7 @@ class Learner(Actor):
                 log.warning("could not tell the coordinator this learner resumed: %s", exc)
                 reply = None
             if isinstance(reply, GroupsRetired):
-                self.buffer.settled.update(reply.groups)
+                self.buffer.retire(reply.groups)
                 self.counters["groups.retired"] += len(reply.groups)
         log.info("learner ready: %s on %s, version %d", self.ckpt, self.device, self.version)
 

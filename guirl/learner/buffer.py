@@ -127,6 +127,16 @@ class TrajectoryBuffer:
                 self.counts["trajectories.dropped_with_group"] += len(g.members)
         return [g.group_id for g in expired]
 
+    def retire(self, group_ids: list[str]) -> None:
+        """The coordinator handed these groups out again whole under fresh ids (a learner restart): never
+        train a member of one, whether it is here already or still on its way."""
+        for gid in group_ids:
+            group = self.pending.pop(gid, None)
+            if group is not None:
+                self.counts["trajectories.dropped_with_group"] += len(group.members)
+                self.counts["groups.retired_dropped"] += 1
+            self.settled.add(gid)
+
     def take(self, n_groups: int, learner_version: int) -> TakenBatch | None:
         """The oldest `n_groups` ready groups, with step samples older than the staleness bound removed
         (a group left with no trajectory that has steps is dropped); None if fewer are ready."""

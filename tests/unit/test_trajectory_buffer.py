@@ -120,3 +120,16 @@ def test_a_group_with_a_member_held_for_its_scores_is_not_timed_out():
     clock[0] = 11
     assert buf.expire(hold={"g"}) == [] and "g" in buf.pending
     assert buf.expire() == ["g"]
+
+
+def test_a_retired_group_is_never_trained():
+    """Groups the coordinator handed out again whole after a learner restart: a member already here is
+    dropped with its group, one arriving later is late; the fresh group trains."""
+    buf = TrajectoryBuffer(n_samples=2, group_timeout_s=0.0)
+    assert buf.add(_traj("e1", "g", 0))
+    buf.retire(["g"])
+    assert not buf.add(_traj("e2", "g", 1))
+    assert buf.add(_traj("e3", "gr1", 0)) and buf.add(_traj("e4", "gr1", 1))
+    batch = buf.take(1, 0)
+    assert batch is not None and [g.group_id for g in batch.groups] == ["gr1"] and buf.expire() == []
+    assert buf.counts["groups.retired_dropped"] == 1 and buf.counts["trajectories.late"] == 1
