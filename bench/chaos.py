@@ -64,6 +64,8 @@ def command(args: argparse.Namespace, mode: str, seed: int, ckpt: str, root: Pat
     ]
     if mode == "prm":
         cmd += ["--set", f"model.prm_model_path={ckpt}"]
+    if getattr(args, "eval_every", 0):  # periodic evaluations: faults also strike mid-evaluation
+        cmd += ["--set", f"train.eval_every={args.eval_every}"]
     return cmd
 
 
@@ -140,6 +142,7 @@ def main() -> int:
     p.add_argument("--faults", type=int, default=6)
     p.add_argument("--span", type=float, default=60.0)
     p.add_argument("--seed", type=int, default=1, help="the first run's seed (then +1 per run)")
+    p.add_argument("--eval-every", type=int, default=4, help="train runs evaluate every N updates (0: never)")
     p.add_argument("--gap-bound", type=float, default=60.0, help="longest gap without an env step allowed")
     p.add_argument(
         "--mode",
