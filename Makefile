@@ -26,7 +26,7 @@ $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/sy
 # Tests also run SGLang's own code (tests/contract, the SGLang stand-in): its wheel (Python, plus Rust
 # extensions it loads lazily) and xgrammar go in without their dependencies, which pin CUDA builds of torch,
 # triton and GPU kernels; then the light packages their modules import
-$(VENV)/.stamp-test: $(VENV)/.stamp-runtime scripts/test-system-packages.txt scripts/sglang-test-requirements.txt
+$(VENV)/.stamp-test: $(VENV)/.stamp-runtime setup.cfg scripts/test-system-packages.txt scripts/sglang-test-requirements.txt
 	scripts/bootstrap.sh "$(PYTHON)" "$(VENV)" scripts/test-system-packages.txt
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[test,osworld]'
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps desktop-env==1.0.2
@@ -47,7 +47,7 @@ demo-eval: setup
 	$(VENV)/bin/guirl eval --config configs/local_eval.toml $(ARGS)
 
 test: setup-test
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup-test
 	$(PY) bench/transport.py

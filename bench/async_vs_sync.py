@@ -112,7 +112,7 @@ def episode_figures(run_dir: Path, slots: int, until: float) -> dict[str, Any]:
     spans, acted, outcomes = [], 0, {}
     for result in run_dir.glob("episodes/*/*/result.json"):
         r = json.loads(result.read_text())
-        end = result.stat().st_mtime  # written (atomically) when the episode ended
+        end = r.get("ended_at") or result.stat().st_mtime  # when the episode ended
         spans.append((end - r["seconds"], end))
         outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
         traj = result.parent / "traj.jsonl"

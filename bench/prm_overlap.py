@@ -256,14 +256,15 @@ def step_starts(run_dir: Path) -> list[float]:
 
 
 def vm_busy(run_dir: Path, vms: int, start: float, end: float) -> float | None:
-    """The share of VM time in [start, end] spent in episodes, from their records (result.json is written
-    as an episode ends; its `seconds` say when it began). Below 1, VMs waited: for the coordinator to
+    """The share of VM time in [start, end] spent in episodes, from their records (result.json's
+    `ended_at` and `seconds`). Below 1, VMs waited: for the coordinator to
     admit an episode (the staleness bound) or to be reset. An episode cut off by the run's end leaves no
     record, so this is a lower bound near the end."""
     busy = 0.0
     for result in run_dir.glob("episodes/*/*/result.json"):
-        ended = result.stat().st_mtime
-        began = ended - json.loads(result.read_text())["seconds"]
+        r = json.loads(result.read_text())
+        ended = r.get("ended_at") or result.stat().st_mtime
+        began = ended - r["seconds"]
         busy += max(0.0, min(ended, end) - max(began, start))
     return round(busy / (vms * (end - start)), 3) if end > start else None
 

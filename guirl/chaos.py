@@ -127,16 +127,18 @@ class ChaosMonkey:
         self._rng = random.Random(schedule.seed)
         self._task: asyncio.Task | None = None
         self._busy = {"broadcast": False, "judging": False}  # what the broker and the PRM said just now
+        self.failures = 0  # ticks that raised (logged): a broken injector must not pass for a quiet run
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="chaos")
 
     async def _run(self) -> None:
         while self.pending or self.schedule.garbage:
+            await self._ask()
             try:
-                await self._ask()
                 self.tick()
-            except Exception:  # a fault injector that breaks must say so, and not take the run down
+            except Exception:  # a fault injector that breaks must say so (and counts), not take the run down
+                self.failures += 1
                 log.exception("chaos: injecting a fault failed")
             await asyncio.sleep(self.TICK_S)  # a sampling period, not a wait for anything
 
@@ -144,7 +146,7 @@ class ChaosMonkey:
         """Ask the broker (a weight update under way) and the PRM (transitions held) directly, when a due
         fault waits for that moment: the status file's picture is seconds old."""
         from guirl.actors.errors import ActorError
-        from guirl.messages.types import StatsRequest
+        from guirl.messages.types import StatsReply, StatsRequest
 
         now = time.monotonic()
         due = {f.moment for f in self.pending if self.started is not None and now >= self.started + f.at_s}
@@ -155,12 +157,12 @@ class ChaosMonkey:
             if moment not in due or conn is None or conn.state != "alive":
                 self._busy[moment] = False
                 continue
-            try:
-                reply = await conn.request(StatsRequest(), timeout=1.0)
+            try:  # briefly: a SIGSTOPped peer looks alive until its heartbeats are missed
+                reply = await conn.request(StatsRequest(), timeout=0.3)
             except ActorError:
-                self._busy[moment] = False
-                continue
-            self._busy[moment] = any(reply.counters.get(g, 0) for g in gauges)
+                reply = None
+            counters = reply.counters if isinstance(reply, StatsReply) else {}
+            self._busy[moment] = any(counters.get(g, 0) for g in gauges)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -297,6 +299,7 @@ class ChaosMonkey:
             "injected": len(self.injected),
             "on_moment": sum(1 for x in self.injected if x["on_moment"] and x["moment"] != "any"),
             "garbage_sent": self.garbage_sent,
+            "injector_failures": self.failures,
         }
 
 
@@ -356,6 +359,9 @@ def check_run(run_dir: str | Path, *, updates: int | None = None, max_gap_s: flo
         violations.append("no summary.json: the run did not finish")
     elif updates is not None and summary.get("final_version") != updates:
         violations.append(f"the run ended at version {summary.get('final_version')}, not {updates}")
+    failed = (summary.get("chaos") or {}).get("injector_failures")
+    if failed:
+        violations.append(f"the fault injector failed {failed} time(s): see the run's log")
 
     ledger = _jsonl(run / "episodes.jsonl")
     assigned = [x["episode_id"] for x in ledger if x["kind"] == "assigned"]

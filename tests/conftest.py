@@ -1,10 +1,10 @@
 """The suite's order: its longest files first.
 
-`make test` runs files on two pytest-xdist workers (`--dist loadfile`), handing them out in collection
-order. A file of several minutes handed out last keeps one worker busy while the other idles; handed out
-first, the short files fill in around it and both workers end together. The list holds the files that
-each take over a minute on 2 cores (measured with `--durations`), longest first; every other file keeps
-its place after them.
+`make test` runs files on two pytest-xdist workers (`--dist loadfile --no-loadscope-reorder`: files are
+handed out in collection order, not xdist's default of most tests first). A file of several minutes handed
+out last keeps one worker busy while the other idles; handed out first, the short files fill in around it
+and both workers end together. The list holds the files that each take over a minute on 2 cores (measured
+with `--durations`), longest first; every other file keeps its place after them.
 """
 
 from __future__ import annotations

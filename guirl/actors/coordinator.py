@@ -150,7 +150,8 @@ class Coordinator(Actor):
         self.running: dict[str, _Running] = {}
         self.ended: dict[str, EpisodeEnded] = {}
         self.delivering: dict[str, _Running] = {}  # completed training episodes not yet at the learner
-        self.handed_back: set[str] = set()  # episodes whose sample went out again (EpisodeRejected)
+        self.handed_back: set[str] = set()  # episodes whose sample went out again (rejected, undelivered)
+        self.retired: list[str] = []  # groups handed out again whole after a learner restart
         self.learner_epoch = 0  # the newest lineage epoch heard of
         self.results: dict[tuple[str, int], TaskResult] = {}  # by (group id, sample index)
         self.env_errors: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
@@ -212,9 +213,10 @@ class Coordinator(Actor):
             case EpisodeDelivered(episode_id=eid):
                 self.counters["episodes.delivered"] += 1
                 return Ack(ok=self.delivering.pop(eid, None) is not None or eid in self.ended)
-            case LearnerResumed(version=version, trained_groups=trained):
+            case LearnerResumed(version=version, trained_groups=trained, epoch=epoch):
                 retired = self.reissue_lost(set(trained))
                 self.learner_version = version  # a restarted learner may be behind what we were told
+                self.learner_epoch = max(self.learner_epoch, epoch)  # the dead learner's word is void now
                 return GroupsRetired(groups=retired)
             case WeightsPublished(version=version, epoch=epoch):
                 if epoch < self.learner_epoch:  # a dead learner's, arriving after its successor's
@@ -310,12 +312,23 @@ class Coordinator(Actor):
         return len(again)
 
     def reissue_lost(self, trained: set[str]) -> list[str]:
-        """Hand out again the admitted groups that are neither trained nor running nor queued: their
-        trajectories were delivered to a learner that died before its next checkpoint. Returns the group
-        ids retired (each goes out again under a fresh id)."""
+        """A learner restarted from a checkpoint that trained `trained`: hand out again, whole and under a
+        fresh id, every admitted group it did not train whose trajectories may have died with the old
+        learner — one with a member that completed (and was not handed back), or one with nothing running
+        or queued. The retired group's queued samples are dropped (the fresh group plays them); a member
+        still running ends as it will, and the learner, which settles every retired id, never trains it.
+        Returns every group retired in the run so far (asking again is harmless)."""
         busy = {r.todo.group_id for r in self.running.values()} | {t.group_id for t in self.todo}
-        lost = [g for g in self.admitted_groups if g not in trained and g not in busy]
+        completed = {
+            key[0]
+            for key, r in self.results.items()
+            if r.status == "completed" and r.episode_id not in self.handed_back
+        }
+        lost = [g for g in self.admitted_groups if g not in trained and (g in completed or g not in busy)]
         by_id = {t.task_id: t for t in self.tasks}
+        if lost:
+            gone = set(lost)
+            self.todo = collections.deque(t for t in self.todo if t.group_id not in gone)
         for group in lost:
             task = by_id[self.admitted_groups[group]]
             self.reissued += 1
@@ -324,11 +337,12 @@ class Coordinator(Actor):
             self.todo.extend(_Todo(task, s, 0, fresh) for s in range(self.n_samples))
             self.admitted_groups[fresh] = task.task_id
             del self.admitted_groups[group]
+            self.retired.append(group)
         self.counters["groups.reissued"] += len(lost)
         if lost:
             log.warning("the learner restarted: %d group(s) handed out again", len(lost))
             self.save_state()
-        return lost
+        return list(self.retired)
 
     def _rejected(self, rej: EpisodeRejected) -> Ack:
         """An episode will not be trained (the learner refused it: played by weights outside its lineage;
@@ -587,7 +601,7 @@ class Coordinator(Actor):
             run = self.delivering.pop(eid)
             todo = run.todo
             self.counters["episodes.lost_in_delivery"] += 1
-            if self.closing or self.no_more_groups or eid in self.handed_back:
+            if self.closing or self.no_more_groups:
                 continue
             if self.admitted_groups.get(todo.group_id) != todo.task.task_id:
                 continue  # handed out again whole (a learner restart) meanwhile

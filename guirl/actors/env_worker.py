@@ -338,6 +338,7 @@ class EnvWorker(Actor):
             "parse_error": episode.parse_error,
             "policy_versions": sorted(episode.versions),
             "seconds": seconds,
+            "ended_at": round(time.time(), 3),  # wall time (the file is rewritten once answered)
             "worker": self.name,
         }
         if episode.reward is not None:
@@ -445,7 +446,7 @@ class EnvWorker(Actor):
 
     async def _hand_over(self, ep: EpisodeAssignment, traj: Trajectory) -> None:
         """Send a completed episode's samples to the learner, once the coordinator has taken its end (its
-        ledger is the one word on an episode: see `_refused`). A trajectory the learner cannot be reached
+        ledger is the one word on an episode: see `_record`). A trajectory the learner cannot be reached
         for is handed back to the coordinator, which hands the same sample out again (the learner ignores
         a repeat, so the delivery itself may be retried)."""
         rt = self.runtime

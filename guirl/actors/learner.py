@@ -31,6 +31,7 @@ import msgspec
 
 from guirl.actors.base import Actor, Request
 from guirl.actors.errors import ActorError, FatalError
+from guirl.actors.retry import retry_idempotent
 from guirl.config.schema import TrainConfig
 from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
 from guirl.messages.types import (
@@ -193,9 +194,17 @@ class Learner(Actor):
             # whatever the previous learner received after its checkpoint died with it: the coordinator
             # hands those groups out again under fresh ids (a fresh start has nothing admitted: a no-op),
             # and a member of a retired group still on its way is never trained
-            resumed = LearnerResumed(version=self.version, trained_groups=sorted(self.trained_groups))
-            try:
-                reply = await self.coord.request(resumed, timeout=self.runtime.request_timeout_s)
+            resumed = LearnerResumed(
+                version=self.version, trained_groups=sorted(self.trained_groups), epoch=self.lineage.epoch
+            )
+            rt = self.runtime
+            try:  # asking again is harmless: the answer is every group retired so far
+                reply = await retry_idempotent(
+                    lambda: self.coord.request(resumed, timeout=rt.request_timeout_s),
+                    attempts=5,
+                    initial=rt.reconnect_backoff_initial_s,
+                    cap=rt.reconnect_backoff_max_s,
+                )
             except ActorError as exc:  # the coordinator is the driver's: it is gone only when the run is
                 log.warning("could not tell the coordinator this learner resumed: %s", exc)
                 reply = None

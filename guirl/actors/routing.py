@@ -137,6 +137,7 @@ class ModelQueue:
 
     @property
     def any_serving(self) -> bool:
-        """Some engine is healthy and holds one version's weights whole (not one mid-way through an update
-        that failed: see `weights_intact`), so queued requests will be served."""
-        return any(s.healthy and weights_intact(s.engine) for s in self.slots)
+        """Some engine will serve queued requests: a healthy one that holds one version's weights whole, or
+        one taking an update now (it serves again when the update lands; one that fails half-way ends the
+        drain, and then counts as not serving: see `weights_intact`)."""
+        return any(s.healthy and (s.draining or weights_intact(s.engine)) for s in self.slots)

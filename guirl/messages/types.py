@@ -419,10 +419,13 @@ class LearnerResumed(Message):
 
     version: int
     trained_groups: list[str] = []
+    epoch: int = 0
+    """Its lineage epoch: `WeightsPublished` of an older one is a dead learner's, and ignored."""
 
 
 class GroupsRetired(Message):
-    """The coordinator's answer to `LearnerResumed`: the groups it handed out again whole under fresh ids.
+    """The coordinator's answer to `LearnerResumed`: every group it has handed out again whole under a fresh
+    id in the run (after this restart or an earlier one).
     A member of one of them still on its way (a worker retrying its delivery across the restart) is a
     straggler of a group that is no longer the run's: the learner settles them, so it never trains one."""
 

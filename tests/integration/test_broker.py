@@ -331,3 +331,55 @@ def test_judge_sglang_engines_launch_on_the_prm_gpus(tmp_path):
     assert argv[argv.index("--port") + 1] == "31050" and argv[argv.index("--tp-size") + 1] == "2"
     assert argv[argv.index("--mem-fraction-static") + 1] == "0.8" and "--context-length" not in argv
     assert engines[1].launch.port == 31050 and engines[1].launch.log_path.endswith("judge-sglang1.log")
+
+
+def test_requests_wait_for_an_update_and_a_half_updated_engine_serves_nothing(script_dir):
+    """An engine whose update writes its live weights piece by piece (SGLang's buckets) holds no version's
+    weights until the update lands: a request arriving meanwhile waits in the queue and is served by the
+    new version; an update that fails half-way leaves the engine serving nothing (requests are answered
+    `overloaded` at once, retryable) until an update lands whole."""
+    from guirl.inference.base import EngineError, took_weights
+
+    cfg = fast_config()
+    gates: dict[str, asyncio.Event] = {}
+
+    class Piecewise(ScriptedEngine):
+        async def update_weights(self, version, spec):
+            self.weights_intact = False  # the first piece is written
+            gates["entered"].set()
+            await gates["open"].wait()
+            if spec["path"] == "broken":
+                raise EngineError("piece 2 of 3 failed")
+            took_weights(self, version, spec)
+
+    async def queued(conn) -> int:
+        return (await conn.request(StatsRequest())).counters["requests.queued"]
+
+    async def body(broker, conn):
+        gates.update(entered=asyncio.Event(), open=asyncio.Event())
+        update = asyncio.create_task(conn.request(WeightsPublished(version=1, path="ok")))
+        await asyncio.wait_for(gates["entered"].wait(), 10)
+        request = asyncio.create_task(conn.request(_request(1)))
+        while await queued(conn) < 1:  # the broker's own answer: the request waits in its queue
+            assert not request.done(), request.result()
+        gates["open"].set()
+        await update
+        served = await request
+        assert isinstance(served, PolicyResponse) and served.policy_version == 1
+
+        gates.update(entered=asyncio.Event(), open=asyncio.Event())
+        broken = asyncio.create_task(conn.request(WeightsPublished(version=2, path="broken")))
+        await asyncio.wait_for(gates["entered"].wait(), 10)
+        gates["open"].set()
+        with pytest.raises(RemoteError, match="piece 2 of 3"):
+            await broken
+        with pytest.raises(RemoteError, match="no healthy engine") as refused:
+            await conn.request(_request(2))
+        assert refused.value.transient and refused.value.code == "overloaded"
+        stats = await conn.request(StatsRequest())
+        assert stats.counters["engine.s0.weights_intact"] == 0 and stats.counters["engine.s0.healthy"] == 1
+        await conn.request(WeightsPublished(version=3, path="ok"))  # still takes the next update
+        again = await conn.request(_request(3))
+        assert isinstance(again, PolicyResponse) and again.policy_version == 3
+
+    run(_with_broker(cfg, [Piecewise("s0", script_dir, screen=(1920, 1080))], body))

@@ -161,6 +161,35 @@ def test_a_sample_not_yet_at_the_learner_goes_out_again_when_its_worker_dies():
     run(_with_coordinator(cfg, _tasks(1), body, mode="train", n_samples=2, batch_size=1, max_staleness=1))
 
 
+def test_a_learner_restart_retires_a_group_whose_delivered_members_died_with_it():
+    """One member of a group reached the learner that died (no checkpoint trained it); the other was handed
+    back undelivered and waits in the queue. The group still goes out again whole under a fresh id (the
+    delivered member is lost), its queued sample is dropped, and every restart's answer names every group
+    retired so far."""
+    cfg = fast_config()
+
+    async def body(coord, conn):
+        a, b = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
+        for w in (a, b):
+            await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", worker="w"))
+        await conn.request(EpisodeDelivered(episode_id=a.episode_id))
+        back = EpisodeRejected(
+            episode_id=b.episode_id, group_id=b.group_id, sample_index=1, task_id=b.task_id, undelivered=True
+        )
+        assert (await conn.request(back)).ok and [t.group_id for t in coord.todo] == [a.group_id]
+        retired = await conn.request(LearnerResumed(version=0, trained_groups=[], epoch=1))
+        assert retired.groups == [a.group_id] and coord.learner_epoch == 1
+        assert sorted((t.group_id, t.sample_index) for t in coord.todo) == [
+            (f"{a.group_id}r1", i) for i in (0, 1)
+        ]
+        again = await conn.request(LearnerResumed(version=0, trained_groups=[], epoch=1))
+        assert again.groups == [a.group_id] and len(coord.todo) == 2  # nothing retired twice
+        stale = await conn.request(WeightsPublished(version=5, epoch=0))  # the dead learner's
+        assert not stale.ok and coord.learner_version == 0
+
+    run(_with_coordinator(cfg, _tasks(1), body, mode="train", n_samples=2, batch_size=1, max_staleness=1))
+
+
 def test_load_suite_reads_the_local_suite():
     tasks = load_suite(SUITE / "test.json")
     assert {t.domain for t in tasks} == {"terminal", "text_editor", "spreadsheet"}
