@@ -197,7 +197,7 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         # (and no test-split evaluations: every evaluation is a whole `guirl eval` run)
-        args.train_n, args.heldout_n, args.sft_epochs, args.updates, args.eval_every = 64, 16, 1, 2, 2
+        args.train_n, args.heldout_n, args.sft_epochs, args.updates, args.eval_every = 64, 16, 1, 1, 1
         args.batch, args.group = 2, 4
     setup_logging("bench", level="WARNING")
     started = time.time()
