@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from guirl.actors.base import Actor, Request
 from guirl.actors.broker import InferenceBroker
 from guirl.actors.coordinator import Coordinator
 from guirl.actors.env_worker import EnvWorker
@@ -14,6 +15,8 @@ from guirl.agent.actions import Wait
 from guirl.agent.parse import parse_response
 from guirl.config.schema import InferenceConfig
 from guirl.inference.scripted import ScriptedEngine
+from guirl.messages import LearnerChannel
+from guirl.messages.types import Ack, ErrorReply, Trajectory
 from guirl.vmpool.client import PYAUTOGUI_TIMEOUT_S
 from guirl.vmpool.tasks.suite import SuiteTask
 from tests.helpers import fast_config, run
@@ -94,24 +97,12 @@ def test_the_longest_wait_fits_in_the_execute_timeout():
 def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
     """In train mode an episode's steps reach the learner as one `Trajectory`: the engine's exact prompt
     and response token ids and behaviour log-probs per step, each prompt image once, the outcome reward."""
-    from guirl.actors.base import Actor, Request
     from guirl.inference.hf import HFEngine
-    from guirl.messages import LearnerChannel
-    from guirl.messages.types import Ack, Trajectory
     from guirl.model.tiny import ensure_tiny_checkpoint
 
     cfg = fast_config(PATIENT)
     ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
     received: list[Trajectory] = []
-
-    class Collector(Actor):
-        channel = LearnerChannel
-
-        async def handle(self, req: Request):
-            if isinstance(req.msg, Trajectory):
-                received.append(req.msg)
-                return Ack()
-            return await super().handle(req)
 
     async def scenario():
         coord = Coordinator(
@@ -131,7 +122,7 @@ def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
             runtime=cfg.runtime,
             bind=["tcp://127.0.0.1:0"],
         )
-        learner = Collector("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        learner = _Learner(received, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
         tasks = [await a.start() for a in (coord, broker, learner)]
         worker = EnvWorker(
             "worker0",
@@ -183,12 +174,73 @@ class _TokenScripted(ScriptedEngine):
         return results
 
 
+class _Learner(Actor):
+    """A learner's mailbox: it keeps every trajectory offered (in `offered`) and refuses the first `refuse`
+    with an error not worth retrying."""
+
+    channel = LearnerChannel
+
+    def __init__(self, offered: list, *, refuse: int = 0, **kwargs) -> None:
+        super().__init__("learner", **kwargs)
+        self.offered, self.refuse = offered, refuse
+
+    async def handle(self, req: Request):
+        if isinstance(req.msg, Trajectory):
+            self.offered.append(req.msg)
+            if len(self.offered) <= self.refuse:
+                return ErrorReply(code="schema", message="not this one", retryable=False)
+            return Ack()
+        return await super().handle(req)
+
+
+async def _one_train_task(tmp_path, cfg, engine, learner, body, *, prm=None, max_steps=5, **worker_options):
+    """A one-task, one-sample train run in this process: a real coordinator, a broker with `engine`,
+    `learner` (and `prm`: actors on those channels, made by the test), and an env worker with one local VM;
+    returns `body(coord, worker, worker_task)`, then stops every actor."""
+    coord = Coordinator(
+        "coordinator",
+        tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
+        mode="train",
+        n_samples=1,
+        max_groups=1,
+        max_steps=max_steps,
+        runtime=cfg.runtime,
+        bind=["tcp://127.0.0.1:0"],
+    )
+    broker = InferenceBroker(
+        "broker",
+        inference=InferenceConfig(max_wait_ms=0.0),
+        engines=[engine],
+        runtime=cfg.runtime,
+        bind=["tcp://127.0.0.1:0"],
+    )
+    actors = (coord, broker, learner, *([prm] if prm is not None else []))
+    tasks = [await a.start() for a in actors]
+    worker = EnvWorker(
+        "worker0",
+        coordinator=coord.endpoints[0],
+        broker=broker.endpoints[0],
+        learner=learner.endpoints[0],
+        **({"prm": prm.endpoints[0]} if prm is not None else {}),
+        run_dir=str(tmp_path / "run"),
+        env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+        agent={"max_pixels": 320 * 240},
+        runtime=cfg.runtime,
+        **worker_options,
+    )
+    try:
+        return await body(coord, worker, await worker.start())
+    finally:
+        for actor, task in zip(actors, tasks, strict=True):
+            actor.request_shutdown("test done")
+            await asyncio.wait_for(task, 15)
+
+
 def _prm_episode(tmp_path, prm_handler, **worker_options):
     """One 3-step train episode (click, click, done) on a local VM; the PRM's mailbox is `prm_handler`.
     Returns (the trajectory the learner got, the episode's folder)."""
-    from guirl.actors.base import Actor, Request
-    from guirl.messages import LearnerChannel, PRMChannel
-    from guirl.messages.types import Ack, Trajectory
+    from guirl.actors.base import Actor
+    from guirl.messages import PRMChannel
 
     cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
@@ -197,15 +249,6 @@ def _prm_episode(tmp_path, prm_handler, **worker_options):
     (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     received: list[Trajectory] = []
 
-    class Learner(Actor):
-        channel = LearnerChannel
-
-        async def handle(self, req: Request):
-            if isinstance(req.msg, Trajectory):
-                received.append(req.msg)
-                return Ack()
-            return await super().handle(req)
-
     class PRM(Actor):
         channel = PRMChannel
 
@@ -213,47 +256,14 @@ def _prm_episode(tmp_path, prm_handler, **worker_options):
             return prm_handler(req.msg)
 
     async def scenario():
-        coord = Coordinator(
-            "coordinator",
-            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-            mode="train",
-            n_samples=1,
-            max_groups=1,
-            max_steps=5,
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        broker = InferenceBroker(
-            "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
-            engines=[_TokenScripted("s0", str(scripts), screen=(640, 480))],
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        learner = Learner("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        prm = PRM("prm", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        actors = (coord, broker, learner, prm)
-        tasks = [await a.start() for a in actors]
-        worker = EnvWorker(
-            "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            learner=learner.endpoints[0],
-            prm=prm.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 320 * 240},
-            runtime=cfg.runtime,
-            **worker_options,
-        )
-        try:
-            worker_task = await worker.start()
+        async def body(coord, worker, worker_task):
             await asyncio.wait_for(coord.all_done.wait(), 60)
             await asyncio.wait_for(worker_task, 30)
-        finally:
-            for actor, task in zip(actors, tasks, strict=True):
-                actor.request_shutdown("test done")
-                await asyncio.wait_for(task, 15)
+
+        engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
+        learner = _Learner(received, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        prm = PRM("prm", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        await _one_train_task(tmp_path, cfg, engine, learner, body, prm=prm, **worker_options)
 
     run(scenario(), timeout=120)
     (traj,) = received
@@ -446,9 +456,6 @@ def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(t
     delivers its trajectory: the learner gets the retry's sample only, and the old episode's folder says it
     was refused (the chaos soak found the old order — deliver, then report — training an episode the
     ledger ended in a fault)."""
-    from guirl.actors.base import Actor, Request
-    from guirl.messages import LearnerChannel
-    from guirl.messages.types import Ack, Trajectory
 
     cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
@@ -456,15 +463,6 @@ def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(t
     lines = [{"type": "click", "x": 100, "y": 100}, {"type": "fail"}]
     (scripts / "t-infeasible.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     received: list[Trajectory] = []
-
-    class Learner(Actor):
-        channel = LearnerChannel
-
-        async def handle(self, req: Request):
-            if isinstance(req.msg, Trajectory):
-                received.append(req.msg)
-                return Ack()
-            return await super().handle(req)
 
     asked: list[asyncio.Event] = []  # made in the test's loop
 
@@ -475,49 +473,19 @@ def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(t
 
     async def scenario():
         asked.append(asyncio.Event())
-        coord = Coordinator(
-            "coordinator",
-            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-            mode="train",
-            n_samples=1,
-            max_groups=1,
-            max_steps=5,
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        broker = InferenceBroker(
-            "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
-            engines=[Signalling("s0", str(scripts), screen=(640, 480), latency_s=0.5)],
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        learner = Learner("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        actors = (coord, broker, learner)
-        tasks = [await a.start() for a in actors]
-        worker = EnvWorker(
-            "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            learner=learner.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 320 * 240},
-            runtime=cfg.runtime,
-        )
-        try:
-            worker_task = await worker.start()
+
+        async def body(coord, worker, worker_task):
             await asyncio.wait_for(asked[0].wait(), 60)  # the first episode is under way
             ((first, running),) = coord.running.items()
             # what missed heartbeats do: the coordinator ends the episode `retried` and queues it again
             coord.on_peer_dead(running.peer, ConnectionError("missed heartbeats"))
             await asyncio.wait_for(coord.all_done.wait(), 60)
             await asyncio.wait_for(worker_task, 30)
-        finally:
-            for actor, task in zip(actors, tasks, strict=True):
-                actor.request_shutdown("test done")
-                await asyncio.wait_for(task, 15)
-        return coord, worker, first
+            return coord, worker, first
+
+        engine = Signalling("s0", str(scripts), screen=(640, 480), latency_s=0.5)
+        learner = _Learner(received, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        return await _one_train_task(tmp_path, cfg, engine, learner, body)
 
     coord, worker, first = run(scenario(), timeout=120)
     (result,) = coord.results.values()
@@ -534,9 +502,6 @@ def test_a_trajectory_the_learner_will_not_take_goes_back_and_its_sample_out_aga
     """The learner refuses the first trajectory (an error reply that is not worth retrying): the worker hands
     the episode back to the coordinator, which hands the same sample out again; the second one is
     delivered, and the coordinator holds no sample for delivery at the end."""
-    from guirl.actors.base import Actor, Request
-    from guirl.messages import LearnerChannel
-    from guirl.messages.types import Ack, ErrorReply, Trajectory
 
     cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
@@ -544,56 +509,14 @@ def test_a_trajectory_the_learner_will_not_take_goes_back_and_its_sample_out_aga
     (scripts / "t-infeasible.jsonl").write_text(json.dumps({"type": "fail"}) + "\n")
     offered: list[Trajectory] = []
 
-    class Learner(Actor):
-        channel = LearnerChannel
-
-        async def handle(self, req: Request):
-            if isinstance(req.msg, Trajectory):
-                offered.append(req.msg)
-                if len(offered) == 1:
-                    return ErrorReply(code="schema", message="not this one", retryable=False)
-                return Ack()
-            return await super().handle(req)
-
     async def scenario():
-        coord = Coordinator(
-            "coordinator",
-            tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-            mode="train",
-            n_samples=1,
-            max_groups=1,
-            max_steps=3,
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        broker = InferenceBroker(
-            "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
-            engines=[_TokenScripted("s0", str(scripts), screen=(640, 480))],
-            runtime=cfg.runtime,
-            bind=["tcp://127.0.0.1:0"],
-        )
-        learner = Learner("learner", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        actors = (coord, broker, learner)
-        tasks = [await a.start() for a in actors]
-        worker = EnvWorker(
-            "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            learner=learner.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 320 * 240},
-            runtime=cfg.runtime,
-        )
-        try:
-            worker_task = await worker.start()
+        async def body(coord, worker, worker_task):
             await asyncio.wait_for(worker_task, 90)  # two episodes, then "done"
-        finally:
-            for actor, task in zip(actors, tasks, strict=True):
-                actor.request_shutdown("test done")
-                await asyncio.wait_for(task, 15)
-        return coord, worker
+            return coord, worker
+
+        engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
+        learner = _Learner(offered, refuse=1, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        return await _one_train_task(tmp_path, cfg, engine, learner, body, max_steps=3)
 
     coord, worker = run(scenario(), timeout=120)
     first, second = offered
