@@ -403,6 +403,7 @@ async def run_eval(
             finally:  # no add/remove may run while (or after) the actors are stopped
                 await cluster.close()
             await sup.stop_all()
+            coord.settle_unreported(run_dir / "episodes")
             writer.maybe(sup, force=True)  # the last picture: every actor down, the run done
     finally:
         await cluster.close()

@@ -520,6 +520,7 @@ async def _train(
             snap = coord.snapshot()  # before shutting down: stopping takes time that is not the run's
             coord.finish()
             await sup.stop_all()
+            coord.settle_unreported(run_dir / "episodes")
             writer.maybe(sup, force=True)  # the last picture: every actor down, the run done
     finally:
         await cluster.close()

@@ -184,6 +184,8 @@ class Actor:
                     await self.mailbox.drain(self.runtime.shutdown_timeout_s)
                 for t in tasks:
                     t.cancel()
+            if serving and self._fatal is None:
+                await self.settle(self.runtime.shutdown_timeout_s)
         finally:
             self.stopping = True
             for sig in signals:
@@ -217,6 +219,11 @@ class Actor:
         if self._fatal is None:
             self._fatal = exc
         self.request_shutdown(f"internal error: {exc!r}")
+
+    async def settle(self, timeout: float) -> None:
+        """On a graceful shutdown, after `main` is cancelled and before the sockets close: finish work that
+        another actor already counts as done (an env worker's end report the coordinator may have taken).
+        At most `timeout` seconds."""
 
     async def _run_main(self) -> None:
         try:

@@ -630,6 +630,31 @@ class Coordinator(Actor):
                 heard[name] = min(now - last, heard.get(name, now - last))
         return heard
 
+    def settle_unreported(self, episodes_dir: Path) -> int:
+        """At the run's end, with every worker stopped: an episode folder still `unreported` (its worker was
+        killed between this coordinator taking the end and writing the answer) takes the ledger's word; one
+        the ledger never heard of stays `unreported`. Returns how many were settled."""
+        settled = 0
+        for path in episodes_dir.glob("*/*/result.json"):
+            try:
+                result = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            end = self.ended.get(result.get("episode_id", "")) if isinstance(result, dict) else None
+            if end is None or result.get("status") != "unreported":
+                continue
+            result.update(status=end.status, settled="by the coordinator's ledger at the run's end")
+            try:
+                write_json_atomic(path, result)
+            except OSError as exc:
+                log.warning("could not settle %s: %s", path, exc)
+                continue
+            settled += 1
+        if settled:
+            self.counters["episodes.settled_at_end"] += settled
+            log.info("%d episode folder(s) settled from the ledger at the run's end", settled)
+        return settled
+
     def snapshot(self) -> dict[str, Any]:
         """Counts for a progress line: done/total, successes, environment errors, steps."""
         scored = [r for r in self.results.values() if r.status == "completed"]

@@ -186,6 +186,7 @@ class EnvWorker(Actor):
         self.prm_queue = prm_queue
         self.outbox: collections.deque[tuple[_Episode, Transition]] = collections.deque()  # for the PRM
         self._outbox_changed = asyncio.Event()
+        self._reports: set[asyncio.Task] = set()  # end reports under way (`settle`)
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -278,18 +279,44 @@ class EnvWorker(Actor):
                     await asyncio.sleep(delay)
                 case EpisodeAssignment() as ep:
                     ended, traj = await self.play(ep)
-                    # the coordinator answers a repeated report as it answered the first (safe to retry)
-                    answer = await retry_idempotent(
-                        lambda ended=ended: self.coord.request(ended),
-                        attempts=20,
-                        initial=rt.reconnect_backoff_initial_s,
-                        cap=rt.reconnect_backoff_max_s,
+                    # A shutdown that comes while the end is reported must not cut the report short: the
+                    # coordinator may have taken the end (the run's last episode ends the run, and the
+                    # supervisor stops this worker while the answer is on its way). `settle` waits for it.
+                    report = asyncio.create_task(
+                        self._report(ep, ended, traj), name=f"report:{ep.episode_id}"
                     )
-                    self._record(ep, ended, answer)
-                    if isinstance(answer, Ack) and answer.ok and traj is not None:
-                        await self._hand_over(ep, traj)
+                    self._reports.add(report)
+                    report.add_done_callback(self._reports.discard)
+                    await asyncio.shield(report)
                 case other:
                     raise ActorError(f"coordinator answered {type(other).__name__} to a work request")
+
+    async def _report(self, ep: EpisodeAssignment, ended: EpisodeEnded, traj: Trajectory | None) -> None:
+        rt = self.runtime
+        # the coordinator answers a repeated report as it answered the first (safe to retry)
+        answer = await retry_idempotent(
+            lambda: self.coord.request(ended),
+            attempts=20,
+            initial=rt.reconnect_backoff_initial_s,
+            cap=rt.reconnect_backoff_max_s,
+        )
+        self._record(ep, ended, answer)
+        if isinstance(answer, Ack) and answer.ok and traj is not None:
+            await self._hand_over(ep, traj)
+
+    async def settle(self, timeout: float) -> None:
+        """The end reports (and hand-overs) under way when the shutdown came run to their end; one that does
+        not within `timeout` leaves its episode `unreported` (the run's end settles it from the ledger)."""
+        if not self._reports:
+            return
+        done, pending = await asyncio.wait(set(self._reports), timeout=timeout)
+        for task in pending:
+            task.cancel()
+            self.counters["episodes.report_cut"] += 1
+            log.warning("shutdown: %s did not finish within %.1f s", task.get_name(), timeout)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("shutdown: %s failed: %s", task.get_name(), task.exception())
 
     # -- one episode ---------------------------------------------------------------------------------
 

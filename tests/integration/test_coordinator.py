@@ -85,6 +85,37 @@ def test_every_task_ends_once_with_retries_bounded():
     run(_with_coordinator(cfg, _tasks(2), body, max_attempts=3, max_steps=7))
 
 
+def test_the_run_end_settles_folders_their_worker_left_unreported(tmp_path):
+    """A worker killed between the coordinator taking an end and writing the answer leaves its folder
+    `unreported`; the run's end gives it the ledger's word. A folder the ledger never heard of (the worker
+    died before reporting) stays as it is, and a broken file is passed over."""
+    cfg = fast_config()
+    episodes = tmp_path / "episodes"
+
+    def folder(task_id, episode_id, status="unreported"):
+        path = episodes / task_id / episode_id / "result.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"episode_id": episode_id, "task_id": task_id, "status": status}))
+        return path
+
+    async def body(coord, conn):
+        a = await conn.request(WorkRequest(worker="w"))
+        b = await conn.request(WorkRequest(worker="w"))
+        assert (await conn.request(EpisodeEnded(episode_id=a.episode_id, status="completed", score=1.0))).ok
+        assert (await conn.request(EpisodeEnded(episode_id=b.episode_id, status="retried", env_error="x"))).ok
+        paths = [folder(a.task_id, a.episode_id), folder(b.task_id, b.episode_id), folder("t9", "never-told")]
+        broken = episodes / "t9" / "broken" / "result.json"
+        broken.parent.mkdir()
+        broken.write_text("{not json")
+        assert coord.settle_unreported(episodes) == 2
+        assert coord.settle_unreported(episodes) == 0  # settled once
+        return [json.loads(p.read_text()) for p in paths]
+
+    first, second, unknown = run(_with_coordinator(cfg, _tasks(2), body))
+    assert first["status"] == "completed" and "ledger" in first["settled"]
+    assert second["status"] == "retried" and unknown["status"] == "unreported" and "settled" not in unknown
+
+
 def test_a_lost_worker_episodes_are_retried():
     cfg = fast_config()
 

@@ -16,7 +16,7 @@ from guirl.agent.parse import parse_response
 from guirl.config.schema import InferenceConfig
 from guirl.inference.scripted import ScriptedEngine
 from guirl.messages import LearnerChannel
-from guirl.messages.types import Ack, ErrorReply, Trajectory
+from guirl.messages.types import Ack, EpisodeEnded, ErrorReply, Trajectory
 from guirl.vmpool.client import PYAUTOGUI_TIMEOUT_S
 from guirl.vmpool.tasks.suite import SuiteTask
 from tests.helpers import fast_config, run
@@ -193,11 +193,13 @@ class _Learner(Actor):
         return await super().handle(req)
 
 
-async def _one_train_task(tmp_path, cfg, engine, learner, body, *, prm=None, max_steps=5, **worker_options):
-    """A one-task, one-sample train run in this process: a real coordinator, a broker with `engine`,
-    `learner` (and `prm`: actors on those channels, made by the test), and an env worker with one local VM;
-    returns `body(coord, worker, worker_task)`, then stops every actor."""
-    coord = Coordinator(
+async def _one_train_task(
+    tmp_path, cfg, engine, learner, body, *, prm=None, max_steps=5, coordinator=Coordinator, **worker_options
+):
+    """A one-task, one-sample train run in this process: a real coordinator (of class `coordinator`), a
+    broker with `engine`, `learner` (and `prm`: actors on those channels, made by the test), and an env worker
+    with one local VM; returns `body(coord, worker, worker_task)`, then stops every actor."""
+    coord = coordinator(
         "coordinator",
         tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
         mode="train",
@@ -526,3 +528,54 @@ def test_a_trajectory_the_learner_will_not_take_goes_back_and_its_sample_out_aga
     assert coord.counters["episodes.reissued_undelivered"] == 1 and coord.delivering == {}
     (result,) = coord.results.values()
     assert result.episode_id == second.episode_id and result.status == "completed"
+
+
+def test_a_shutdown_while_the_end_is_reported_lets_the_report_finish(tmp_path):
+    """The run's last end ends the run, and the supervisor stops the workers while the coordinator's answer
+    is on its way (a CI run found an eval's last episode left `unreported`): the stopping worker waits for the
+    answer, records it and hands the sample over before it closes its sockets. Here the coordinator answers
+    only once the worker's main loop is cancelled and it is settling."""
+
+    cfg = fast_config(PATIENT)
+    scripts = tmp_path / "scripts"
+    scripts.mkdir()
+    (scripts / "t-infeasible.jsonl").write_text(json.dumps({"type": "fail"}) + "\n")
+    offered: list[Trajectory] = []
+    reported, settling = [], []  # events, made in the test's loop
+
+    class Answering(Coordinator):
+        async def handle(self, req: Request):
+            if isinstance(req.msg, EpisodeEnded):
+                reported[0].set()
+                await settling[0].wait()
+            return await super().handle(req)
+
+    async def scenario():
+        reported.append(asyncio.Event())
+        settling.append(asyncio.Event())
+
+        async def body(coord, worker, worker_task):
+            settle = worker.settle
+
+            async def settle_after_a_shutdown(timeout):
+                settling[0].set()
+                await settle(timeout)
+
+            worker.settle = settle_after_a_shutdown
+            await asyncio.wait_for(reported[0].wait(), 60)  # the end is on its way ...
+            worker.request_shutdown("test: the run is over")  # ... and the worker is asked to stop
+            await asyncio.wait_for(worker_task, 30)
+            return coord, worker
+
+        engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
+        learner = _Learner(offered, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
+        return await _one_train_task(tmp_path, cfg, engine, learner, body, max_steps=3, coordinator=Answering)
+
+    coord, worker = run(scenario(), timeout=120)
+    (result,) = coord.results.values()
+    (traj,) = offered
+    assert traj.episode_id == result.episode_id and coord.delivering == {}
+    assert worker.counters["episodes.report_cut"] == 0 and worker.counters["trajectories.sent"] == 1
+    folder = tmp_path / "run" / "episodes" / "t-infeasible" / result.episode_id
+    assert json.loads((folder / "result.json").read_text())["status"] == "completed"
+    assert coord.settle_unreported(tmp_path / "run" / "episodes") == 0
