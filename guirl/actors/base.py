@@ -9,7 +9,9 @@ stop accepting → drain in-flight work → close sockets (linger 0) → termina
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -25,10 +27,14 @@ from guirl.actors.mailbox import Mailbox, Request
 from guirl.actors.security import CurveSecurity, load_keys
 from guirl.actors.stats import Counters
 from guirl.actors.zsock import peer_label
+from guirl.log import log_fields
 from guirl.messages import Codec, CodecLimits, DiagChannel, Header, IdGen
 from guirl.messages.types import Heartbeat, Message, StatsReply
 
 log = logging.getLogger(__name__)
+
+STALL_PERIOD_S = 0.05
+"""How often the stall watcher wakes (its resolution)."""
 
 MAX_RECORD_FAILURES = 10
 """Write errors after which an actor stops recording (and says so) rather than failing on each message."""
@@ -39,6 +45,9 @@ class Actor:
 
     channel: ClassVar[Any] = DiagChannel
     """The union of message types this actor's mailbox accepts (control messages always included)."""
+    role: ClassVar[str] = ""
+    """Its role in a run (`learner`, `broker`, ...): picks its progress deadline
+    (`runtime.progress_timeout_by_role`)."""
 
     def __init__(
         self,
@@ -77,6 +86,8 @@ class Actor:
         self._record_failures = 0
         self._pushes: asyncio.Queue | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self._busy: collections.Counter[str] = collections.Counter()  # heavy work under way (`busy`)
+        self.stall_max_s = 0.0  # the longest its event loop went without running a ready callback
 
     # -- hooks for subclasses ----------------------------------------------------------------------
 
@@ -118,6 +129,62 @@ class Actor:
         self.connections[name] = conn
         conn.open()
         return conn
+
+    @property
+    def busy_with(self) -> str:
+        """The heavy work under way, announced in every heartbeat (several tasks may be busy at once)."""
+        return ",".join(sorted(self._busy))
+
+    @property
+    def patience_s(self) -> float:
+        """The progress deadline this actor announces to its peers: how long they may hear nothing from it,
+        its connections alive, before they take it for hung (longer while it is `busy`)."""
+        rt = self.runtime
+        if self.busy_with:
+            return rt.busy_timeout_s
+        return getattr(rt.progress_timeout_by_role, self.role, 0.0) or rt.progress_timeout_s
+
+    def heartbeat(self, inflight: int = 0, **fields: Any) -> Heartbeat:
+        return Heartbeat(
+            inflight=inflight,
+            incarnation=self.incarnation,
+            patience_s=self.patience_s,
+            busy=self.busy_with,
+            **fields,
+        )
+
+    @contextlib.contextmanager
+    def busy(self, what: str) -> Any:
+        """Around heavy work that may starve the event loop (a checkpoint save, a weight gather or load, run
+        on a thread that holds the GIL): every peer is told at once, and waits `runtime.busy_timeout_s` for
+        this actor rather than its usual progress deadline. A busy actor is never dead while its
+        connections are alive (ZeroMQ's I/O threads answer for it), only late."""
+        self._busy[what] += 1
+        self.counters[f"busy.{what}"] += 1
+        self._beat_now()
+        try:
+            yield
+        finally:
+            self._busy[what] -= 1
+            if self._busy[what] <= 0:
+                del self._busy[what]
+            self._beat_now()
+
+    def hold_gil(self, seconds: float) -> None:
+        """Fault injection (`HoldGil`): block every Python thread of this process for `seconds`, on the
+        event loop's thread, as C code that keeps the GIL does (libc's `usleep` called through
+        `ctypes.PyDLL`, which does not release it). ZeroMQ's I/O threads go on."""
+        self.counters["faults.gil_held"] += 1
+        log.warning("fault injection: holding the GIL for %.2f s", seconds)
+        ctypes.PyDLL(None).usleep(ctypes.c_uint(int(seconds * 1_000_000)))
+
+    def _beat_now(self) -> None:
+        if self.loop is None or self.stopping:
+            return
+        if self.mailbox is not None:
+            self.mailbox.beat_all()
+        for conn in self.connections.values():
+            conn.send_heartbeat()
 
     def request_shutdown(self, reason: str = "") -> None:
         if not self._stop.is_set():
@@ -162,6 +229,7 @@ class Actor:
                 tasks = [
                     tg.create_task(self._heartbeat_loop(), name="heartbeat"),
                     tg.create_task(self._push_loop(), name="pushes"),
+                    tg.create_task(self._watch_stalls(), name="stalls"),
                 ]
                 # setup may take long (a model to load): a shutdown request must not wait for it
                 setup = tg.create_task(self.setup(), name="setup")
@@ -191,6 +259,21 @@ class Actor:
             for sig in signals:
                 self.loop.remove_signal_handler(sig)
             await self._close()
+            c = self.counters
+            log.info(
+                "liveness: loop stall max %.2f s, %d peer(s) declared dead (%d hung)",
+                self.stall_max_s,
+                c["peers.dead"],
+                c["peers.hung"],
+                extra=log_fields(
+                    liveness=True,
+                    stall_max_s=round(self.stall_max_s, 3),
+                    stalls_over_1s=c["loop.stalls_over_1s"],
+                    peers_dead=c["peers.dead"],
+                    peers_hung=c["peers.hung"],
+                    requests_waited_busy=c["requests.waited_busy"],
+                ),
+            )
         if self._fatal is not None:
             raise self._fatal
 
@@ -280,13 +363,37 @@ class Actor:
     # -- heartbeats ----------------------------------------------------------------------------------
 
     async def _heartbeat_loop(self) -> None:
+        interval = self.runtime.heartbeat_interval_s
+        last = self.loop.time()
         while True:
-            await asyncio.sleep(self.runtime.heartbeat_interval_s)
+            await asyncio.sleep(interval)
             now = self.loop.time()
+            # Our own loop was stalled (the GIL held by heavy work): nothing could be heard meanwhile, so the
+            # stall is no peer's silence.
+            stall, last = max(0.0, now - last - interval), now
+            if self.runtime.liveness == "heartbeats":  # the old rule, exactly (bench/liveness.py)
+                stall = 0.0
             if self.mailbox is not None:
-                self.mailbox.tick(now)
+                self.mailbox.tick(now, stall)
             for conn in self.connections.values():
-                conn.tick(now)
+                conn.tick(now, stall)
+
+    async def _watch_stalls(self) -> None:
+        """The longest time the event loop went without running (`loop.stall_max_ms` in the stats; stalls
+        over a second counted in `loop.stalls_over_1s`)."""
+        period = STALL_PERIOD_S
+        last = self.loop.time()
+        while True:
+            await asyncio.sleep(period)
+            now = self.loop.time()
+            stall, last = now - last - period, now
+            if stall > self.stall_max_s:
+                self.stall_max_s = stall
+                self.counters["loop.stall_max_ms"] = int(stall * 1000)
+            if stall >= 1.0:
+                self.counters["loop.stalls_over_1s"] += 1
+                doing = f" ({self.busy_with})" if self.busy_with else ""
+                log.info("event loop stalled %.2f s%s", stall, doing)
 
     # -- recording -----------------------------------------------------------------------------------
 

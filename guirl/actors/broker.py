@@ -239,6 +239,7 @@ def _response(result: GenResult, waited: float) -> PolicyResponse:
 class InferenceBroker(Actor):
     """Batches and routes policy requests over engine instances; see the module docstring."""
 
+    role = "broker"
     channel = PolicyChannel
 
     def __init__(
@@ -319,7 +320,8 @@ class InferenceBroker(Actor):
             max_queue or self.cfg.max_queue,
             dispatch=self.cfg.dispatch,
         )
-        results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
+        with self.busy("load"):
+            results = await asyncio.gather(*(e.start() for e in engines), return_exceptions=True)
         for slot, res in zip(queue.slots, results, strict=True):
             if isinstance(res, BaseException):
                 log.error("engine %s failed to start: %r", slot.engine.name, res)
@@ -634,7 +636,8 @@ class InferenceBroker(Actor):
         """Updates take turns; see `_update_drained`."""
         arrived = time.monotonic()
         async with self._updating:
-            await self._update_drained(msg, arrived)
+            with self.busy("load_weights"):
+                await self._update_drained(msg, arrived)
 
     async def _update_drained(self, msg: WeightsPublished, arrived: float) -> None:
         """Every healthy policy engine takes the new weights with nothing in flight (`_drained`): from a path,

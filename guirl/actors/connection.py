@@ -1,9 +1,17 @@
-"""The client side of a mailbox: a DEALER connection with request/reply, heartbeats and reconnection.
+"""The client side of a mailbox: a DEALER connection with request/reply, liveness and reconnection.
 
-Paranoid Pirate (ZeroMQ guide, ch. 4): both ends send a heartbeat every `interval`; a peer silent for
-`interval × liveness` is declared dead. Here that fails every request in flight to it with `PeerDead`
-(never a silent hang), and the socket is replaced (dropping queued messages) and reconnected, retrying
-with capped exponential backoff until the peer speaks again.
+Liveness has two parts (see the README's reliability section):
+
+- **dead**: the connection is lost — ZeroMQ's own heartbeats, run by its I/O threads without the GIL, went
+  unanswered, or the peer's socket closed (its process was killed) — and the peer has said nothing for the
+  transport deadline (`heartbeat_interval_s × heartbeat_liveness`). A peer that restarts within it is a
+  restart (its new incarnation fails exactly the requests the old one took), not a death.
+- **hung**: the connection is alive but the peer's own heartbeats stopped for longer than the progress
+  deadline it announced (`patience_s`: its role's, or `busy_timeout_s` while it said it was busy). Handled
+  as dead. A peer silent for less is **busy**: its requests wait for it rather than time out.
+
+A dead peer fails every request in flight to it with `PeerDead` (never a silent hang); the socket is
+replaced (dropping queued messages) and reconnected with capped exponential backoff until it speaks again.
 """
 
 from __future__ import annotations
@@ -14,9 +22,11 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from guirl.actors.errors import Overloaded, PeerDead, RemoteError, RequestTimeout
-from guirl.actors.zsock import AsyncSocket, SocketClosed
+from guirl.actors.zsock import AsyncSocket, SocketClosed, transport_heartbeats
+from guirl.log import log_fields
 from guirl.messages import CodecError, Header, make_header
 from guirl.messages.types import ErrorReply, Heartbeat, Message
 
@@ -30,9 +40,7 @@ class _Expired(Exception):
     pass
 
 
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(_Expired())
+_TRANSPORT_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
 class Connection:
@@ -51,8 +59,13 @@ class Connection:
         self.reconnects = 0
         self.incarnation = ""  # the peer process's random id, from its heartbeats
         self._death_reported = False  # declared dead since the last heartbeat
+        self.transport_up = False  # the ZMTP handshake done and the connection not lost since
+        self.peer_patience = 0.0  # the peer's announced progress deadline (0: ours)
+        self.peer_busy = ""  # heavy work the peer announced
         self._pending: dict[str, asyncio.Future] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
         self._sock: AsyncSocket | None = None
+        self._monitor: zmq.Socket | None = None
         self._alive = asyncio.Event()
         self._backoff = actor.runtime.reconnect_backoff_initial_s
         self._next_reconnect = 0.0
@@ -68,8 +81,11 @@ class Connection:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RECONNECT_IVL, max(1, int(rt.reconnect_backoff_initial_s * 1000)))
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, max(1, int(rt.reconnect_backoff_max_s * 1000)))
+        transport_heartbeats(sock, rt.heartbeat_interval_s, rt.heartbeat_interval_s * rt.heartbeat_liveness)
         if self.actor.security is not None:
             self.actor.security.secure_client(sock)
+        self.transport_up = False
+        self._monitor = sock.get_monitor_socket(_TRANSPORT_EVENTS)
         sock.connect(self.endpoint)
         self._sock = AsyncSocket(
             sock,
@@ -80,17 +96,39 @@ class Connection:
             on_oversized=self._on_oversized,
         )
         self.last_heard = self.actor.loop.time()
-        self._send_heartbeat()  # introduce ourselves so the server starts heartbeating back
+        self.send_heartbeat()  # introduce ourselves so the server starts heartbeating back
 
     def close(self) -> None:
         self._alive.clear()
         if self._sock is not None and self.state == "alive":
             _, frames = self._frames(Heartbeat(leaving=True))
             self._sock.try_send(frames)  # best effort: linger 0 may still discard it
+        self._close_socket()
+        self._fail_pending(PeerDead(f"connection {self.name!r} closed"))
+
+    def _close_socket(self) -> None:
+        if self._monitor is not None:
+            if self._sock is not None:
+                self._sock.sock.disable_monitor()
+            self._monitor.close(linger=0)
+            self._monitor = None
         if self._sock is not None:
             self._sock.close()
             self._sock = None
-        self._fail_pending(PeerDead(f"connection {self.name!r} closed"))
+        self.transport_up = False
+
+    def _read_transport(self) -> None:
+        """What ZeroMQ's I/O thread saw of the connection since the last look (its monitor's events)."""
+        while self._monitor is not None:
+            try:
+                event = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self.transport_up = True
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.transport_up = False
+                self.actor.counters["transport.disconnects"] += 1
 
     async def wait_alive(self, timeout: float) -> None:
         """Until the peer has answered at least once (a heartbeat is enough)."""
@@ -103,10 +141,10 @@ class Connection:
         header = make_header(a.ids, a.name, policy_version=a.policy_version, reply_to=reply_to)
         return header, [b"", *a.codec.encode(header, msg)]
 
-    def _send_heartbeat(self) -> None:
+    def send_heartbeat(self) -> None:
         if self._sock is None:
             return
-        _, frames = self._frames(Heartbeat(inflight=len(self._pending)))
+        _, frames = self._frames(self.actor.heartbeat(inflight=len(self._pending)))
         if not self._sock.try_send(frames):  # the peer is not reading (dead or slow): not a message loss
             self.actor.counters["heartbeats.unsent"] += 1
 
@@ -134,19 +172,46 @@ class Connection:
         deadline = loop.time() + t
         header = await self.send(msg, timeout=t)
         fut = loop.create_future()
-        self._pending[header.msg_id] = fut
+        msg_id = header.msg_id
+        self._pending[msg_id] = fut
         # a timer handle is much cheaper than asyncio.wait_for on this hot path
-        timer = loop.call_later(max(0.0, deadline - loop.time()), _expire, fut)
+        self._timers[msg_id] = loop.call_later(max(0.0, deadline - loop.time()), self._expire, msg_id)
         try:
             return await fut
         except _Expired:
             self.actor.counters["requests.timeout"] += 1
             raise RequestTimeout(
-                f"no reply from {self.name!r} to {type(msg).__name__} {header.msg_id} within {t:.3g} s"
+                f"no reply from {self.name!r} to {type(msg).__name__} {msg_id} within {t:.3g} s"
             ) from None
         finally:
-            timer.cancel()
-            self._pending.pop(header.msg_id, None)
+            timer = self._timers.pop(msg_id, None)
+            if timer is not None:
+                timer.cancel()
+            self._pending.pop(msg_id, None)
+
+    def _expire(self, msg_id: str) -> None:
+        """A request's time is up; but while its peer is busy (its connection alive, its own heartbeats
+        stopped or a busy announcement standing) it waits on, a heartbeat interval at a time: until the
+        answer, or until the peer is declared hung or dead (which fails it)."""
+        fut = self._pending.get(msg_id)
+        if fut is None or fut.done():
+            return
+        if self.busy(self.actor.loop.time()):
+            self.actor.counters["requests.waited_busy"] += 1
+            self._timers[msg_id] = self.actor.loop.call_later(
+                self.actor.runtime.heartbeat_interval_s, self._expire, msg_id
+            )
+            return
+        fut.set_exception(_Expired())
+
+    def busy(self, now: float) -> bool:
+        """The peer is alive but not answering now: it said it is busy, or its connection is up while its
+        own heartbeats have stopped for over two intervals (its event loop is starved)."""
+        if self.state != "alive" or self.actor.runtime.liveness == "heartbeats":
+            return False
+        self._read_transport()
+        quiet = now - self.last_heard > 2 * self.actor.runtime.heartbeat_interval_s
+        return bool(self.peer_busy) or (self.transport_up and quiet)
 
     def _fail_pending(self, exc: Exception) -> None:
         for fut in self._pending.values():
@@ -175,6 +240,7 @@ class Connection:
             a.log_drop(self.name, exc)
             return
         if isinstance(msg, Heartbeat):
+            self.peer_patience, self.peer_busy = msg.patience_s, msg.busy
             self._check_incarnation(msg)
             return
         a.counters["received"] += 1
@@ -238,34 +304,47 @@ class Connection:
 
     # -- heartbeats and reconnection -------------------------------------------------------------
 
-    def tick(self, now: float) -> None:
-        """Called every heartbeat interval by the actor: heartbeat, detect death, reconnect."""
+    def tick(self, now: float, stall: float = 0.0) -> None:
+        """Called every heartbeat interval by the actor: heartbeat, detect death, reconnect. `stall`: how
+        long the actor's own loop was stalled since the last tick (nothing could be heard meanwhile)."""
         rt = self.actor.runtime
+        self._read_transport()
+        if stall:
+            self.last_heard = min(now, self.last_heard + stall)
         silent = now - self.last_heard
-        if self.state != "dead" and silent > rt.heartbeat_interval_s * rt.heartbeat_liveness:
+        deadline = rt.heartbeat_interval_s * rt.heartbeat_liveness
+        patience = self.peer_patience or rt.progress_timeout_s
+        lost = not self.transport_up or rt.liveness == "heartbeats"
+        if self.state != "dead" and ((lost and silent > deadline) or silent > patience):
             self.state = "dead"
             self._death_reported = True
             self.declared_dead_at = now
             self.silence_at_death = silent
             self._alive.clear()
             self.actor.counters["peers.dead"] += 1
-            if self.incarnation:
-                what = f"missed {rt.heartbeat_liveness} heartbeats ({silent:.2f} s silent)"
+            if not lost:
+                self.actor.counters["peers.hung"] += 1
+                busy = f" (busy: {self.peer_busy})" if self.peer_busy else ""
+                what = f"is hung: its connection is alive but it has said nothing for {silent:.2f} s{busy}"
+            elif self.incarnation:
+                gone = "is gone: its connection is lost and it " if not self.transport_up else ""
+                what = f"{gone}missed {rt.heartbeat_liveness} heartbeats ({silent:.2f} s silent)"
             else:
                 what = f"has not answered in {silent:.2f} s (never reached)"
             err = PeerDead(f"peer {self.name!r} at {self.endpoint} {what}; its requests in flight failed")
-            log.warning("%s", err)
+            log.warning(
+                "%s", err, extra=log_fields(peer_dead=self.name, hung=not lost, silent_s=round(silent, 3))
+            )
             self._fail_pending(err)
             self.actor.on_peer_dead(self.name, err)
             self._reconnect(now)
         elif self.state == "dead" and now >= self._next_reconnect:
             self._reconnect(now)
-        self._send_heartbeat()
+        self.send_heartbeat()
 
     def _reconnect(self, now: float) -> None:
-        if self._sock is not None:
-            self._sock.close()  # drops what was queued for the dead peer
-            self._sock = None
+        self._close_socket()  # drops what was queued for the dead peer
+        self.peer_patience, self.peer_busy = 0.0, ""
         self.open()
         self.last_heard = self.declared_dead_at or now  # stay dead until the peer speaks
         self._next_reconnect = now + self._backoff

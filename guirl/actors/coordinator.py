@@ -94,6 +94,7 @@ class TaskResult:
 class Coordinator(Actor):
     """Hands out the episodes of a task set; see the module docstring."""
 
+    role = "coordinator"
     channel = CoordinatorChannel
 
     def __init__(

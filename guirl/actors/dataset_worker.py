@@ -53,6 +53,8 @@ def dataset_tasks(path: str, split: str, limit: int = 0) -> list[Any]:
 class DatasetWorker(EnvWorker):
     """See the module docstring."""
 
+    role = "dataset_worker"
+
     def __init__(self, name: str, *, data: dict | DataConfig | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         from guirl.learner.rule_reward import RewardWeights

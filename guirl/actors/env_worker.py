@@ -138,6 +138,7 @@ def _messages_json(messages: list[ChatMessage]) -> list[dict]:
 class EnvWorker(Actor):
     """Plays assigned episodes on its own VMs; see the module docstring."""
 
+    role = "env_worker"
     channel = CoordinatorChannel
 
     def __init__(

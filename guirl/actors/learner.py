@@ -59,6 +59,7 @@ REPUBLISH_INTERVAL_S = 5.0
 class Learner(Actor):
     """See the module docstring."""
 
+    role = "learner"
     channel = LearnerChannel
 
     def __init__(
@@ -170,7 +171,8 @@ class Learner(Actor):
             self.resume_from = latest
         if self.ranks > 1 and "RANK" not in os.environ:
             self._start_followers()
-        await self._torch(self._load)
+        with self.busy("load"):
+            await self._torch(self._load)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         from guirl.learner.lineage import Lineage
 
@@ -411,12 +413,14 @@ class Learner(Actor):
                 publish_s=round(publish_s, 3),
                 **self.last_publish,
                 learner_idle_frac=round(self.idle_s / max(1e-9, self.idle_s + self.busy_s), 4),
+                loop_stall_max_s=round(self.stall_max_s, 3),
                 **{f"buffer.{k}": v for k, v in self.buffer.state().items()},
             )
             self._log_metrics(metrics)
             last = bool(cfg.updates) and self.version >= cfg.updates
             if (cfg.checkpoint_every and self.version % cfg.checkpoint_every == 0) or last:
-                await self._torch(self._checkpoint)
+                with self.busy("checkpoint"):
+                    await self._torch(self._checkpoint)
         if self._publishing is not None:  # the last version reaches the engines before the run is done
             await self._publishing
             self._publishing = None
@@ -486,7 +490,8 @@ class Learner(Actor):
         from guirl.learner.step import BatchRejected
 
         try:
-            step = await self._torch(self._step, samples)
+            with self.busy("update"):
+                step = await self._torch(self._step, samples)
         except BatchRejected as exc:  # every rank left the weights as they were: the batch is dropped
             self.counters["updates.rejected_batches"] += 1
             log.warning("batch of %d trajectories dropped: %s", len(trajs), exc)
@@ -623,7 +628,8 @@ class Learner(Actor):
         if self._publishing is not None:
             await self._publishing
             self._publishing = None
-        state = await self._torch(self.trainer.full_state)
+        with self.busy("gather"):
+            state = await self._torch(self.trainer.full_state)
         timings = {"gather_s": time.monotonic() - started}
         task = asyncio.create_task(
             self._deliver(self.version, state, timings), name=f"publish-v{self.version}"
@@ -642,7 +648,8 @@ class Learner(Actor):
             if self.cfg.weight_sync == "broadcast" and self.broker is not None:
                 done = await self._broadcast(version, state, timings)
             if not done:
-                path = await self._weights_thread(self._save_weights, version, state)
+                with self.busy("save_weights"):
+                    path = await self._weights_thread(self._save_weights, version, state)
                 if not await self._tell(
                     self.broker, WeightsPublished(version=version, path=str(path), epoch=epoch)
                 ):
@@ -715,7 +722,8 @@ class Learner(Actor):
             ready = _cast(savable_state(state, tied=tied), self.weight_dtype)
             return ready, sglang_buckets(ready, bucket_bytes) if self.weight_layout == "sglang" else []
 
-        state, buckets = await self._weights_thread(prepare)
+        with self.busy("gather"):
+            state, buckets = await self._weights_thread(prepare)
         msg = WeightsPublished(
             version=version,
             epoch=self.lineage.epoch,

@@ -1,6 +1,11 @@
 """The server side of an actor: a ROUTER mailbox that decodes, answers control messages, queues
 requests for the handler tasks (bounded), tracks and heartbeats its peers, and routes replies.
 
+A peer is dead when its connection is gone (the ROUTER can no longer route to it: ZeroMQ's I/O thread
+dropped it, its heartbeats unanswered or its socket closed) and it has said nothing for the transport
+deadline; hung when it is still connected but silent past the progress deadline it announced. See
+`connection.py` for the client side of the same rules.
+
 Every message that cannot be served is answered with an `ErrorReply` where the sender can be addressed,
 and always counted under `dropped.<reason>`: a flood of garbage costs counters, never the process.
 """
@@ -16,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from guirl.actors.errors import FatalError
-from guirl.actors.zsock import AsyncSocket, peer_label
+from guirl.actors.zsock import AsyncSocket, peer_label, transport_heartbeats
+from guirl.log import log_fields
 from guirl.messages import CodecError, Header, make_header
-from guirl.messages.types import ErrorReply, Heartbeat, Message, Shutdown, StatsRequest
+from guirl.messages.types import ErrorReply, Heartbeat, HoldGil, Message, Shutdown, StatsRequest
 
 if TYPE_CHECKING:
     from guirl.actors.base import Actor
@@ -70,6 +76,7 @@ class Mailbox:
         sock.setsockopt(zmq.RCVHWM, rt.rcvhwm)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, actor.limits.max_frame_bytes * 2)
+        transport_heartbeats(sock, rt.heartbeat_interval_s, rt.heartbeat_interval_s * rt.heartbeat_liveness)
         if actor.security is not None:  # before bind: no peer may get in unauthenticated
             actor.security.secure_server(sock)
         self.endpoints: list[str] = []  # as actually bound (a tcp port 0 resolved)
@@ -93,6 +100,7 @@ class Mailbox:
             on_oversized=self._on_oversized,
         )
         self.peers: dict[bytes, float] = {}  # directly connected peer id -> last heard (loop time)
+        self.announced: dict[bytes, tuple[float, str]] = {}  # peer id -> its progress deadline, busy with
         self.inbox: asyncio.Queue[Request] = asyncio.Queue(maxsize=rt.inbox_max)
         self.held_bytes = 0  # frames of queued and in-flight requests
         self.active = 0
@@ -124,18 +132,29 @@ class Mailbox:
         self._touch(peer[0], now, header)
         match msg:
             case Heartbeat(leaving=True):
+                self.announced.pop(peer[0], None)
                 if self.peers.pop(peer[0], None) is not None:
                     a.counters["peers.left"] += 1
                     log.info("mailbox peer %r left", peer_label(peer[0]))
                     a.on_peer_left(peer_label(peer[0]))
                 return
-            case Heartbeat():
+            case Heartbeat(patience_s=patience, busy=busy):
+                self.announced[peer[0]] = (patience, busy)
                 return
             case StatsRequest():
                 self.send(peer, a.stats(), reply_to=header.msg_id)
                 return
             case Shutdown(reason=reason):
                 a.request_shutdown(reason or f"Shutdown from {peer[0]!r}")
+                return
+            case HoldGil(seconds=seconds):
+                if not a.runtime.fault_injection:
+                    a.counters["dropped.unsupported"] += 1
+                    err = ErrorReply(code="unsupported", message="fault injection is off in this run")
+                    self.send(peer, err, reply_to=header.msg_id)
+                    return
+                a.hold_gil(seconds)
+                self.send(peer, a.stats(), reply_to=header.msg_id)
                 return
         a.counters["received"] += 1
         if a.recorder is not None:
@@ -166,7 +185,7 @@ class Mailbox:
             # answer a new peer at once, so a (re)connecting client learns we are alive without waiting,
             # and which of its messages was the first to reach this incarnation of us
             first = header.msg_id if header is not None else ""
-            self.send([ident], Heartbeat(incarnation=self.actor.incarnation, first_seen=first))
+            self.send([ident], self.actor.heartbeat(first_seen=first))
         self.peers[ident] = now
 
     def _reject(self, peer: list[bytes], header: Header | None, exc: CodecError) -> None:
@@ -244,22 +263,57 @@ class Mailbox:
             a.record("out", "mailbox", peer[0], body, msg)
         return True
 
-    def tick(self, now: float) -> None:
-        """Every heartbeat interval: declare silent peers dead, heartbeat the others."""
+    def tick(self, now: float, stall: float = 0.0) -> None:
+        """Every heartbeat interval: heartbeat every peer, and declare dead the ones whose connection is gone
+        and that have been silent for the transport deadline, or hung the ones silent past their progress
+        deadline. `stall`: how long our own loop was stalled since the last tick (no one's silence)."""
         a, rt = self.actor, self.actor.runtime
-        limit = rt.heartbeat_interval_s * rt.heartbeat_liveness
-        beat = Heartbeat(inflight=self.active, incarnation=a.incarnation)
+        deadline = rt.heartbeat_interval_s * rt.heartbeat_liveness
+        beat = a.heartbeat(inflight=self.active)
         for ident, last_seen in list(self.peers.items()):
-            if now - last_seen > limit:
-                del self.peers[ident]
-                a.counters["peers.dead"] += 1
-                name = peer_label(ident)
-                log.warning(
-                    "mailbox peer %r missed %d heartbeats; declared dead", name, rt.heartbeat_liveness
-                )
-                a.on_peer_dead(name, TimeoutError(f"{name} silent for {now - last_seen:.2f} s"))
+            if stall:
+                last_seen = self.peers[ident] = min(now, last_seen + stall)
+            silent = now - last_seen
+            connected = self._beat(ident, beat) and rt.liveness == "transport"
+            patience, busy = self.announced.get(ident, (0.0, ""))
+            if (connected or silent <= deadline) and silent <= (patience or rt.progress_timeout_s):
+                continue
+            del self.peers[ident]
+            self.announced.pop(ident, None)
+            a.counters["peers.dead"] += 1
+            name = peer_label(ident)
+            if connected:
+                a.counters["peers.hung"] += 1
+                why = f"{name} is hung: connected, but silent for {silent:.2f} s"
+                why += f" ({busy})" if busy else ""
+            elif rt.liveness == "heartbeats":
+                why = f"{name} missed {rt.heartbeat_liveness} heartbeats ({silent:.2f} s silent)"
             else:
-                self.send([ident], beat)
+                why = f"{name} is gone: its connection is lost and it has been silent for {silent:.2f} s"
+            fields = log_fields(peer_dead=name.split("/", 1)[0], hung=connected, silent_s=round(silent, 3))
+            log.warning("mailbox peer declared dead: %s", why, extra=fields)
+            a.on_peer_dead(name, TimeoutError(why))
+
+    def beat_all(self) -> None:
+        """A heartbeat to every peer now (a busy announcement must not wait for the next tick)."""
+        beat = self.actor.heartbeat(inflight=self.active)
+        for ident in list(self.peers):
+            self._beat(ident, beat)
+
+    def _beat(self, ident: bytes, beat: Heartbeat) -> bool:
+        """Heartbeat one peer; False when the ROUTER has no connection to it any more (`EHOSTUNREACH`). A
+        full queue (a peer that does not read) is a slow peer, not a lost one."""
+        try:
+            if not self.sock.try_send([ident, b"", *self.actor.codec.encode(self._beat_header(), beat)]):
+                self.actor.counters["heartbeats.unsent"] += 1
+        except zmq.ZMQError as exc:
+            self.actor.counters["heartbeats.unsent"] += 1
+            return exc.errno != zmq.EHOSTUNREACH
+        return True
+
+    def _beat_header(self) -> Header:
+        a = self.actor
+        return make_header(a.ids, a.name, policy_version=a.policy_version)
 
     def close(self) -> None:
         self.sock.close()

@@ -48,6 +48,7 @@ JUDGE_ATTEMPTS = 6
 class PRMActor(Actor):
     """See the module docstring."""
 
+    role = "prm"
     channel = PRMChannel
 
     def __init__(

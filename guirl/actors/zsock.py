@@ -45,6 +45,16 @@ def peer_label(ident: bytes) -> str:
     return "0x" + ident.hex()
 
 
+def transport_heartbeats(sock: zmq.Socket, interval_s: float, deadline_s: float) -> None:
+    """ZeroMQ's own (ZMTP) heartbeats on `sock`: its I/O thread pings the peer every `interval_s` and drops
+    the connection when nothing has come back for `deadline_s` (and asks the peer to do the same, TTL). The
+    I/O threads need no GIL: a peer whose Python is busy still answers, a killed or stopped one does not."""
+    deadline_ms = max(100, min(int(deadline_s * 1000), 6_553_500))  # the TTL is sent in deciseconds
+    sock.setsockopt(zmq.HEARTBEAT_IVL, max(1, int(interval_s * 1000)))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, deadline_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, deadline_ms)
+
+
 class SocketClosed(Exception):
     """The socket was closed while a send was waiting for room."""
 

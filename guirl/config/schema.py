@@ -12,6 +12,7 @@ from msgspec import Meta
 PosFloat = Annotated[float, Meta(gt=0)]
 PosInt = Annotated[int, Meta(gt=0)]
 NonNegInt = Annotated[int, Meta(ge=0)]
+NonNegFloat = Annotated[float, Meta(ge=0)]
 
 
 def _redacted_repr(self: msgspec.Struct, secrets: tuple[str, ...]) -> str:
@@ -50,13 +51,43 @@ class EndpointsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Mailbox of the learner (trajectories go to it)."""
 
 
+class RoleTimeouts(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A progress deadline per actor role, in seconds; 0 = `runtime.progress_timeout_s`."""
+
+    coordinator: NonNegFloat = 0.0
+    """The coordinator's."""
+    broker: NonNegFloat = 0.0
+    """The inference broker's (it loads models and weights in its own process)."""
+    learner: NonNegFloat = 0.0
+    """The learner's (it announces checkpoint saves and weight gathers as busy besides)."""
+    prm: NonNegFloat = 0.0
+    """The PRM actor's."""
+    env_worker: NonNegFloat = 0.0
+    """Each env worker's."""
+    dataset_worker: NonNegFloat = 0.0
+    """Each dataset worker's (GUI-R1 mode)."""
+
+
 class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Actor runtime: heartbeats, reconnection, queues and shutdown."""
 
     heartbeat_interval_s: PosFloat = 1.0
-    """Seconds between heartbeats sent to each peer."""
+    """Seconds between heartbeats sent to each peer (both the actors' own and ZeroMQ's transport ones)."""
     heartbeat_liveness: PosInt = 3
-    """Missed heartbeats before a peer is declared dead."""
+    """The transport deadline, in heartbeat intervals: a peer whose connection is lost (its process killed
+    or stopped, its host cut off) and that has said nothing for this long is declared dead. ZeroMQ's own
+    I/O threads keep a busy peer's connection alive, so a busy peer is never dead by this rule."""
+    liveness: Literal["transport", "heartbeats"] = "transport"
+    """`transport`: dead, hung or busy as above. `heartbeats`: the rule before it (a peer whose own
+    heartbeats stop for the transport deadline is dead, busy or not), kept for `bench/liveness.py`."""
+    progress_timeout_s: PosFloat = 120.0
+    """A peer whose connection is alive but that has sent nothing (its event loop starved or hung) for this
+    long is declared hung, and handled as dead. Each actor announces its own (`progress_timeout_by_role`)."""
+    progress_timeout_by_role: RoleTimeouts = msgspec.field(default_factory=RoleTimeouts)
+    """Per role: the progress deadline an actor of that role announces instead of `progress_timeout_s`."""
+    busy_timeout_s: PosFloat = 900.0
+    """The progress deadline an actor announces while it does known heavy work (a checkpoint save, a weight
+    gather or load): its peers wait for it this long, and its requests wait with them."""
     reconnect_backoff_initial_s: PosFloat = 0.1
     """First delay before reconnecting to a lost peer, in seconds."""
     reconnect_backoff_max_s: PosFloat = 5.0
@@ -77,6 +108,9 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds an actor has to drain in-flight work on shutdown."""
     term_timeout_s: PosFloat = 2.0
     """Seconds to wait for the ZeroMQ context to terminate."""
+    fault_injection: bool = False
+    """Honour `HoldGil` messages (an actor holds the GIL for a given time, as a Python-heavy save would):
+    for tests and benchmarks of liveness; refused otherwise."""
     curve_keys_dir: str = ""
     """CURVE key directory (`guirl keys init DIR`): set, every mailbox is a CURVE server admitting only the
     public keys in DIR/authorized/ (ZAP) and every connection a CURVE client; empty = no encryption."""

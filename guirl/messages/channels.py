@@ -17,6 +17,7 @@ from guirl.messages.types import (
     ErrorReply,
     GroupsRetired,
     Heartbeat,
+    HoldGil,
     LearnerResumed,
     NoWork,
     PolicyRequest,
@@ -32,7 +33,7 @@ from guirl.messages.types import (
     WorkRequest,
 )
 
-Control = Heartbeat | Shutdown | ErrorReply | StatsRequest | StatsReply
+Control = Heartbeat | Shutdown | ErrorReply | StatsRequest | StatsReply | HoldGil
 DiagChannel = Control | Echo | EchoReply
 CoordinatorChannel = (
     Control

@@ -142,6 +142,12 @@ class Heartbeat(Message):
     first_seen: str = ""
     """In a server's first heartbeat to a new peer: the id of the first message it got from that peer
     (messages the peer sent before that one never reached this incarnation)."""
+    patience_s: float = 0.0
+    """The sender's progress deadline: judge its silence, while its connection is alive, only after this
+    many seconds (0: the receiver's own `progress_timeout_s`)."""
+    busy: str = ""
+    """Heavy work the sender is about to do or doing (`checkpoint`, `gather`, `load`): its event loop may
+    be starved until it speaks again, and `patience_s` says for how long at most."""
 
 
 class Shutdown(Message):
@@ -178,6 +184,13 @@ class ErrorReply(Message):
 
 class StatsRequest(Message):
     """Ask an actor for its counters."""
+
+
+class HoldGil(Message):
+    """Fault injection, honoured only where `runtime.fault_injection` is on (tests, benchmarks): the actor
+    holds the GIL for `seconds`, as a Python-heavy checkpoint save does, then answers its `StatsReply`."""
+
+    seconds: Annotated[float, Meta(ge=0, le=3600)]
 
 
 class StatsReply(Message):
