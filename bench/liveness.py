@@ -82,6 +82,7 @@ def command(args: argparse.Namespace, ckpt: Path, root: Path, liveness: str, upd
         *("--set", "train.checkpoint_every=1", "--set", "train.weight_sync=broadcast"),
         *("--set", f"runtime.liveness={liveness}", "--set", f"runtime.heartbeat_interval_s={INTERVAL_S}"),
         *("--set", f"runtime.heartbeat_liveness={LIVENESS}", "--set", "logging.format=json"),
+        *("--set", "logging.level=INFO"),
         *("--set", "agent.history_images=0", "--set", "agent.max_new_tokens=16"),
         *("--set", "agent.max_pixels=65536", "--set", "supervisor.max_restarts=20"),
         *("--set", f"run.root_dir={root}", "--set", "wandb.mode=disabled"),
@@ -150,9 +151,11 @@ def clean_run(args: argparse.Namespace, ckpt: Path, work: Path, liveness: str) -
     root.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     started = time.monotonic()
-    out = subprocess.run(
-        command(args, ckpt, root, liveness, args.updates), capture_output=True, text=True, env=env, cwd=ROOT
-    )
+    stderr_path = work / f"{liveness}.stderr"
+    with open(stderr_path, "w") as err:
+        cmd = command(args, ckpt, root, liveness, args.updates)
+        out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT)
+    out.stderr = stderr_path.read_text()
     seconds = round(time.monotonic() - started, 1)
     run_dir = run_dir_of(root)
     if out.returncode != 0 or run_dir is None:
@@ -206,7 +209,9 @@ def kill_run(args: argparse.Namespace, ckpt: Path, work: Path) -> dict:
     lines = log_lines(stderr_path.read_text())
     detected = {}
     for victim, at in kills.items():
-        seen = sorted(when(x) - at for x in lines if x.get("peer_dead") == victim and when(x) >= at)
+        # declared dead, or met again as a new process (restarted within the deadline): whichever came first
+        told = [x for x in lines if victim in (x.get("peer_dead"), x.get("peer_restarted"))]
+        seen = sorted(when(x) - at for x in told if when(x) >= at)
         detected[victim] = round(seen[0], 2) if seen else None
     bound = INTERVAL_S * LIVENESS + INTERVAL_S
     return {

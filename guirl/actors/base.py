@@ -250,10 +250,15 @@ class Actor:
                 self.stopping = True
                 if serving and self._fatal is None and self.mailbox is not None:
                     await self.mailbox.drain(self.runtime.shutdown_timeout_s)
+                if serving and self._fatal is None:
+                    # main first (no new work), then what others already count as done, heartbeats still
+                    # going out meanwhile (a settling actor is not a silent one)
+                    main = next(t for t in tasks if t.get_name() == "main")
+                    main.cancel()
+                    await asyncio.wait([main])
+                    await self.settle(self.runtime.shutdown_timeout_s)
                 for t in tasks:
                     t.cancel()
-            if serving and self._fatal is None:
-                await self.settle(self.runtime.shutdown_timeout_s)
         finally:
             self.stopping = True
             for sig in signals:

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+GOODBYE_LINGER_MS = 100
+"""How long a closing socket keeps its goodbye (`Heartbeat(leaving=True)`) to send."""
+
+
 class _Expired(Exception):
     pass
 
@@ -100,20 +104,22 @@ class Connection:
 
     def close(self) -> None:
         self._alive.clear()
+        linger = 0
         if self._sock is not None and self.state == "alive":
             _, frames = self._frames(Heartbeat(leaving=True))
-            self._sock.try_send(frames)  # best effort: linger 0 may still discard it
-        self._close_socket()
+            if self._sock.try_send(frames):  # a goodbye: the peer must not wait a deadline to know
+                linger = GOODBYE_LINGER_MS
+        self._close_socket(linger)
         self._fail_pending(PeerDead(f"connection {self.name!r} closed"))
 
-    def _close_socket(self) -> None:
+    def _close_socket(self, linger_ms: int = 0) -> None:
         if self._monitor is not None:
             if self._sock is not None:
                 self._sock.sock.disable_monitor()
             self._monitor.close(linger=0)
             self._monitor = None
         if self._sock is not None:
-            self._sock.close()
+            self._sock.close(linger_ms)
             self._sock = None
         self.transport_up = False
 
@@ -240,6 +246,9 @@ class Connection:
             a.log_drop(self.name, exc)
             return
         if isinstance(msg, Heartbeat):
+            if msg.leaving:
+                self._peer_left()
+                return
             self.peer_patience, self.peer_busy = msg.patience_s, msg.busy
             self._check_incarnation(msg)
             return
@@ -269,7 +278,8 @@ class Connection:
         if not old:
             return  # the first incarnation we meet
         if reported:  # already declared dead (its requests failed then): it is simply back
-            log.info("peer %r at %s is back as a new process", self.name, self.endpoint)
+            fields = log_fields(peer_restarted=self.name)
+            log.info("peer %r at %s is back as a new process", self.name, self.endpoint, extra=fields)
             self.actor.on_peer_restarted(self.name)
             return
         self.actor.counters["peers.restarted"] += 1
@@ -283,13 +293,29 @@ class Connection:
             f"peer {self.name!r} at {self.endpoint} restarted; {len(lost)} request(s) sent before the "
             "restart were lost with the old process"
         )
-        log.warning("%s", err)
+        log.warning("%s", err, extra=log_fields(peer_restarted=self.name))
         for msg_id, fut in lost:
             self._pending.pop(msg_id, None)
             if not fut.done():
                 fut.set_exception(err)
         self.actor.on_peer_dead(self.name, err)
         self.actor.on_peer_restarted(self.name)
+
+    def _peer_left(self) -> None:
+        """The peer said goodbye (it shut down): gone now, no deadline to wait; not counted as a death.
+        The next tick rebuilds the connection, which finds the peer again if it comes back."""
+        if self.state == "dead":
+            return
+        now = self.actor.loop.time()
+        self.state, self._death_reported, self.declared_dead_at = "dead", True, now
+        self.silence_at_death = 0.0
+        self._alive.clear()
+        self._next_reconnect = now
+        self.actor.counters["peers.left"] += 1
+        err = PeerDead(f"peer {self.name!r} at {self.endpoint} shut down; its requests in flight failed")
+        log.info("%s", err)
+        self._fail_pending(err)
+        self.actor.on_peer_left(self.name)
 
     def _mark_alive(self) -> None:
         was = self.state

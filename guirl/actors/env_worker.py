@@ -481,7 +481,7 @@ class EnvWorker(Actor):
         try:
             await retry_idempotent(
                 lambda: self.learner.request(traj),
-                attempts=10,
+                attempts=1 if self.stopping else 10,  # stopping: one try, then back to the coordinator
                 initial=rt.reconnect_backoff_initial_s,
                 cap=rt.reconnect_backoff_max_s,
             )

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from guirl.actors.connection import GOODBYE_LINGER_MS
 from guirl.actors.errors import FatalError
 from guirl.actors.zsock import AsyncSocket, peer_label, transport_heartbeats
 from guirl.log import log_fields
@@ -316,7 +317,10 @@ class Mailbox:
         return make_header(a.ids, a.name, policy_version=a.policy_version)
 
     def close(self) -> None:
-        self.sock.close()
+        """Say goodbye to every peer (their requests fail now, not a deadline later), then close."""
+        goodbye = Heartbeat(leaving=True, incarnation=self.actor.incarnation)
+        said = [self._beat(ident, goodbye) for ident in list(self.peers)] if not self.sock.closed else []
+        self.sock.close(GOODBYE_LINGER_MS if any(said) else 0)
         for ep in self.endpoints:  # libzmq leaves ipc socket files behind; they are ours to remove
             path = ep[len("ipc://") :] if ep.startswith("ipc://") else ""
             if path and not path.startswith("@") and os.path.exists(path):

@@ -215,9 +215,9 @@ class AsyncSocket:
             if self.try_send(frames):
                 return True
 
-    def close(self) -> None:
-        """Stop watching the fd and close with linger 0 (queued messages are discarded). Waiting
-        writers wake up and get `SocketClosed`."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Stop watching the fd and close with linger 0 (queued messages are discarded; `linger_ms` gives a
+        goodbye that long to go out). Waiting writers wake up and get `SocketClosed`."""
         if self.closed:
             return
         self.closed = True
@@ -227,4 +227,4 @@ class AsyncSocket:
             if not fut.done():
                 fut.set_result(None)
         self._partial = []
-        self.sock.close(linger=0)
+        self.sock.close(linger=linger_ms)

@@ -153,3 +153,28 @@ def test_fault_injection_is_refused_unless_configured():
             assert stats.counters["dropped.unsupported"] == 1 and "faults.gil_held" not in stats.counters
 
     run(main())
+
+
+def test_a_peer_that_shuts_down_says_so_and_is_not_counted_dead():
+    """A graceful stop (SIGTERM, the end of a run) says goodbye both ways: the client's requests in flight
+    fail at once, not a transport deadline later, and neither side counts a death."""
+    cfg = fast_config(
+        "supervisor.restart_backoff_initial_s=30",
+        "runtime.heartbeat_liveness=50",
+        "runtime.shutdown_timeout_s=0.5",
+    )
+
+    async def main():
+        async with Supervisor(cfg) as sup, client_actor(cfg) as client:
+            conn = client.connect("echo", await _echo(sup, cfg), DiagChannel)
+            await conn.wait_alive(10)
+            pending = asyncio.create_task(conn.request(Echo(text="cut", delay_s=60), timeout=60))
+            await asyncio.sleep(0)  # sent
+            stopping = asyncio.create_task(sup.stop("echo"))
+            # the goodbye, not 10 s of silence (0.2 s x 50), ends the request
+            with pytest.raises(PeerDead, match="shut down"):
+                await pending
+            await stopping
+            assert client.counters["peers.left"] == 1 and client.counters.get("peers.dead", 0) == 0
+
+    run(main())
