@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 CHAOS_LOG = "chaos.jsonl"
 KINDS = ("kill", "stop")
+BUSY_TARGETS = ("learner", "broker", "prm")
+"""The actors a `busy` fault (a `HoldGil` to its mailbox) can strike."""
 MOMENTS = ("any", "broadcast", "checkpoint", "setup", "eval", "judging")
 MOMENT_TARGETS = ("learner", "broker", "prm")
 """The targets a fault may wait for a moment to strike (the others strike at any time)."""
@@ -53,7 +55,8 @@ class Fault:
     target: str
     """An actor name, or `vm` (one of the run's local desktops)."""
     kind: str
-    """`kill` (SIGKILL) or `stop` (SIGSTOP, then SIGCONT after `hold_s`)."""
+    """`kill` (SIGKILL), `stop` (SIGSTOP, then SIGCONT after `hold_s`) or `busy` (the actor holds the GIL for
+    `hold_s`)."""
     moment: str = "any"
     hold_s: float = 0.0
 
@@ -75,8 +78,12 @@ class Schedule:
         span_s: float,
         max_hold_s: float = 4.0,
         moments: tuple[str, ...] = MOMENTS,
+        n_busy: int = 0,
+        busy_hold_s: tuple[float, float] = (6.0, 12.0),
     ) -> Schedule:
-        """`n_faults` faults spread over `span_s` seconds, each on one of `targets` (actor names and `vm`)."""
+        """`n_faults` faults spread over `span_s` seconds, each on one of `targets` (actor names and `vm`);
+        and `n_busy` busy faults on the targets that have a mailbox, drawn from a stream of their own (a
+        seed's other faults stay as they were)."""
         if not targets or n_faults < 0 or span_s <= 0:
             raise ValueError("a schedule needs targets, n_faults >= 0 and span_s > 0")
         rng = random.Random(seed)
@@ -90,14 +97,22 @@ class Schedule:
             at = round(span_s * (i + rng.random()) / max(1, n_faults), 2)
             hold = round(rng.uniform(0.5, max_hold_s), 2) if kind == "stop" else 0.0
             faults.append(Fault(at_s=at, target=target, kind=kind, moment=moment, hold_s=hold))
-        return cls(seed, faults)
+        busy_targets = [t for t in targets if t in BUSY_TARGETS]
+        if n_busy and not busy_targets:
+            raise ValueError(f"busy faults need one of {BUSY_TARGETS} among the targets")
+        rng = random.Random(f"{seed}/busy")
+        for i in range(n_busy):
+            at = round(span_s * (i + rng.random()) / n_busy, 2)
+            hold = round(rng.uniform(*busy_hold_s), 2)
+            faults.append(Fault(at_s=at, target=rng.choice(busy_targets), kind="busy", hold_s=hold))
+        return cls(seed, sorted(faults, key=lambda f: f.at_s) if n_busy else faults)
 
     def describe(self) -> str:
         """The schedule, as a failing run prints it (seed first: it regenerates the whole schedule)."""
         lines = [f"chaos seed {self.seed}: {len(self.faults)} faults"]
         lines += [
             f"  +{f.at_s:6.2f} s  {f.kind:<4} {f.target:<10} at {f.moment}"
-            + (f" for {f.hold_s:.2f} s" if f.kind == "stop" else "")
+            + (f" for {f.hold_s:.2f} s" if f.kind in ("stop", "busy") else "")
             for f in self.faults
         ]
         return "\n".join(lines)
@@ -128,6 +143,7 @@ class ChaosMonkey:
         self._task: asyncio.Task | None = None
         self._busy = {"broadcast": False, "judging": False}  # what the broker and the PRM said just now
         self.failures = 0  # ticks that raised (logged): a broken injector must not pass for a quiet run
+        self._holds: set[asyncio.Task] = set()  # busy faults under way (`HoldGil` requests)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="chaos")
@@ -212,6 +228,15 @@ class ChaosMonkey:
             elif fault.kind == "kill":
                 pid = self.sup.kill(fault.target)
                 done = "killed"
+            elif fault.kind == "busy":
+                handle = self.sup.actors[fault.target]
+                pid = handle.pid
+                hold = asyncio.create_task(
+                    self._hold(fault, handle.endpoints[0]), name=f"busy:{fault.target}"
+                )
+                self._holds.add(hold)
+                hold.add_done_callback(self._holds.discard)
+                done = f"holding the GIL for {fault.hold_s:.2f} s"
             else:
                 pid = self.sup.kill(fault.target, signal.SIGSTOP)
                 loop = asyncio.get_running_loop()
@@ -229,6 +254,24 @@ class ChaosMonkey:
         self.injected.append(line)
         with open(self.run_dir / CHAOS_LOG, "a") as f:
             f.write(json.dumps(line) + "\n")
+
+    async def _hold(self, fault: Fault, endpoint: str) -> None:
+        """Ask `fault.target` to hold the GIL (a connection of the coordinator's, one per target); its answer
+        (or why there was none) goes to `chaos.jsonl`."""
+        from guirl.actors.errors import ActorError
+        from guirl.messages import DiagChannel
+        from guirl.messages.types import HoldGil
+
+        name = f"chaos-{fault.target}"
+        conn = self.coord.connections.get(name) or self.coord.connect(name, endpoint, DiagChannel)
+        asked = time.monotonic()
+        try:
+            await conn.request(HoldGil(seconds=fault.hold_s), timeout=fault.hold_s + 30)
+            done = f"held the GIL for {fault.hold_s:.2f} s; answered after {time.monotonic() - asked:.2f} s"
+        except ActorError as exc:
+            done = f"no answer: {exc}"[:300]
+        with open(self.run_dir / CHAOS_LOG, "a") as f:
+            f.write(json.dumps({"time": round(time.time(), 3), "target": fault.target, "busy": done}) + "\n")
 
     # -- a hostile peer ---------------------------------------------------------------------------------
 
@@ -272,6 +315,8 @@ class ChaosMonkey:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        for hold in list(self._holds):
+            hold.cancel()
         for fault in self.pending:
             line = {"time": round(time.time(), 3), **asdict(fault), "pid": 0, "on_moment": False}
             with open(self.run_dir / CHAOS_LOG, "a") as f:
@@ -303,6 +348,14 @@ class ChaosMonkey:
         }
 
 
+def check_chaos_config(cfg: Any) -> None:
+    """Before anything starts: busy faults are `HoldGil` messages, refused unless fault injection is on."""
+    from guirl.errors import InputError
+
+    if cfg.chaos.seed and cfg.chaos.busy and not cfg.runtime.fault_injection:
+        raise InputError("chaos.busy faults make actors hold the GIL: set runtime.fault_injection = true")
+
+
 def start_monkey(cfg: Any, mode: str, run_dir: Path, sup: Any, coord: Any, writer: Any, out: Any) -> Any:
     """The run's chaos monkey (`chaos.seed`), or None: its schedule drawn over the run's actors (the
     coordinator aside) and desktops, and only the moments the run has (a fault waits for its moment, up to
@@ -317,7 +370,17 @@ def start_monkey(cfg: Any, mode: str, run_dir: Path, sup: Any, coord: Any, write
         moments += ("checkpoint",) if cfg.train.checkpoint_every else ()
         moments += ("eval",) if cfg.train.eval_every else ()
         moments += ("judging",) if "prm" in sup.actors else ()
-    schedule = Schedule.generate(c.seed, targets=targets, n_faults=c.faults, span_s=c.span_s, moments=moments)
+    check_chaos_config(cfg)
+    deadline = cfg.runtime.heartbeat_interval_s * cfg.runtime.heartbeat_liveness
+    schedule = Schedule.generate(
+        c.seed,
+        targets=targets,
+        n_faults=c.faults,
+        span_s=c.span_s,
+        moments=moments,
+        n_busy=c.busy,
+        busy_hold_s=(2 * deadline, 4 * deadline),
+    )
     out.write(f"[{mode}] {schedule.describe()}\n")
     monkey = ChaosMonkey(schedule, run_dir, sup, coord, writer)
     monkey.start()

@@ -307,13 +307,14 @@ async def run_eval(
 ) -> dict:
     """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary. `cluster`
     (`guirl.cluster.run.ClusterRun`) places the actors on hosts; none: this machine's one-host cluster."""
-    from guirl.chaos import start_monkey
+    from guirl.chaos import check_chaos_config, start_monkey
     from guirl.cluster.run import ClusterRun, StatusPrinter
     from guirl.status import StatusWriter
 
     cluster = cluster or ClusterRun.local(cfg)
     cfg = cluster.apply(cfg)
     e = cfg.eval
+    check_chaos_config(cfg)
     dataset = bool(cfg.data.eval)  # GUI-R1 mode: held-out grounding rows instead of desktop tasks
     if not dataset:
         check_env_provider(cfg)

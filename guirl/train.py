@@ -25,7 +25,7 @@ import msgspec
 from guirl.actors.coordinator import Coordinator
 from guirl.actors.process import ActorSpec
 from guirl.actors.supervisor import Supervisor
-from guirl.chaos import start_monkey
+from guirl.chaos import check_chaos_config, start_monkey
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
 from guirl.eval import (
@@ -246,6 +246,7 @@ def check_train_config(cfg: GuirlConfig) -> None:
         raise InputError("train.updates must be set (> 0): the number of policy updates to make")
     if t.advantage == "step_wise" and not cfg.prm.enabled:
         raise InputError('train.advantage = "step_wise" needs PRM scores: set prm.enabled = true')
+    check_chaos_config(cfg)
 
 
 def weight_options(cfg: GuirlConfig, placement: Any) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The actor runtime: one process, one event loop (uvloop), one ROUTER mailbox, any number of connections.
 
 An actor owns its sockets, receives typed messages on its mailbox, answers them from `handle`, and talks
-to other actors through `Connection`s. It heartbeats every peer, declares silent ones dead, keeps every
-queue bounded and counts every drop by reason, and shuts down on a `Shutdown` message or SIGTERM:
-stop accepting → drain in-flight work → close sockets (linger 0) → terminate the context with a timeout.
+to other actors through `Connection`s. It heartbeats every peer and tells a dead peer from a busy one (see
+`connection.py`), keeps every queue bounded and counts every drop by reason, and shuts down on a `Shutdown`
+message or SIGTERM: stop accepting → drain in-flight requests → cancel `main` and settle what others count as
+done (`settle`) → say goodbye and close the sockets (linger 0 beyond the goodbye) → terminate the context
+with a timeout.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ class Actor:
         or not it had been declared dead meanwhile: whatever state it held is gone."""
 
     def on_peer_left(self, name: str) -> None:
-        """A mailbox client said goodbye (closed its connection)."""
+        """A peer said goodbye: a mailbox client closing its connection, or a peer we connect to shutting
+        down."""
 
     async def teardown(self) -> None:
         """Release resources after the sockets are closed."""
@@ -140,9 +143,8 @@ class Actor:
         """The progress deadline this actor announces to its peers: how long they may hear nothing from it,
         its connections alive, before they take it for hung (longer while it is `busy`)."""
         rt = self.runtime
-        if self.busy_with:
-            return rt.busy_timeout_s
-        return getattr(rt.progress_timeout_by_role, self.role, 0.0) or rt.progress_timeout_s
+        usual = getattr(rt.progress_timeout_by_role, self.role, 0.0) or rt.progress_timeout_s
+        return max(usual, rt.busy_timeout_s) if self.busy_with else usual
 
     def heartbeat(self, inflight: int = 0, **fields: Any) -> Heartbeat:
         return Heartbeat(
@@ -216,6 +218,7 @@ class Actor:
         self.ctx = zmq.Context()
         self._pushes = asyncio.Queue(maxsize=self.runtime.inbox_max)
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+        settled = False
         try:
             if getattr(self.runtime, "curve_keys_dir", ""):
                 keys = load_keys(self.runtime.curve_keys_dir)
@@ -257,12 +260,15 @@ class Actor:
                     main.cancel()
                     await asyncio.wait([main])
                     await self.settle(self.runtime.shutdown_timeout_s)
+                    settled = True
                 for t in tasks:
                     t.cancel()
         finally:
             self.stopping = True
             for sig in signals:
                 self.loop.remove_signal_handler(sig)
+            if not settled:  # a crash or a cancellation: what was under way is abandoned, not left running
+                await self.settle(0.0)
             await self._close()
             c = self.counters
             log.info(
@@ -310,8 +316,8 @@ class Actor:
 
     async def settle(self, timeout: float) -> None:
         """On a graceful shutdown, after `main` is cancelled and before the sockets close: finish work that
-        another actor already counts as done (an env worker's end report the coordinator may have taken).
-        At most `timeout` seconds."""
+        another actor already counts as done (an env worker's end report the coordinator may have taken),
+        in at most `timeout` seconds, and cancel what is left (`timeout` 0 after a crash)."""
 
     async def _run_main(self) -> None:
         try:

@@ -44,6 +44,17 @@ class _Expired(Exception):
     pass
 
 
+def _is_goodbye(actor: Actor, frames: list) -> bool:
+    """A peer's goodbye (`Heartbeat(leaving=True)`): it must not count as the peer being back."""
+    if len(frames) < 3 or len(frames[0]) != 0:
+        return False
+    try:
+        _, msg = actor.codec.decode(frames[1:], actor.channel)
+    except CodecError:
+        return False
+    return isinstance(msg, Heartbeat) and msg.leaving
+
+
 _TRANSPORT_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
@@ -64,6 +75,7 @@ class Connection:
         self.incarnation = ""  # the peer process's random id, from its heartbeats
         self._death_reported = False  # declared dead since the last heartbeat
         self.transport_up = False  # the ZMTP handshake done and the connection not lost since
+        self.left = False  # the peer said goodbye (shut down) and has not spoken since
         self.peer_patience = 0.0  # the peer's announced progress deadline (0: ours)
         self.peer_busy = ""  # heavy work the peer announced
         self._pending: dict[str, asyncio.Future] = {}
@@ -181,7 +193,10 @@ class Connection:
         msg_id = header.msg_id
         self._pending[msg_id] = fut
         # a timer handle is much cheaper than asyncio.wait_for on this hot path
-        self._timers[msg_id] = loop.call_later(max(0.0, deadline - loop.time()), self._expire, msg_id)
+        asked = deadline - t
+        self._timers[msg_id] = loop.call_later(
+            max(0.0, deadline - loop.time()), self._expire, msg_id, asked, t
+        )
         try:
             return await fut
         except _Expired:
@@ -195,29 +210,32 @@ class Connection:
                 timer.cancel()
             self._pending.pop(msg_id, None)
 
-    def _expire(self, msg_id: str) -> None:
-        """A request's time is up; but while its peer is busy (its connection alive, its own heartbeats
-        stopped or a busy announcement standing) it waits on, a heartbeat interval at a time: until the
-        answer, or until the peer is declared hung or dead (which fails it)."""
+    def _expire(self, msg_id: str, asked: float, t: float) -> None:
+        """A request's time `t` is up; but while its peer is busy (below) it waits on, a heartbeat interval
+        at a time: until the answer, until the peer is declared hung or dead (which fails it), or until the
+        peer's progress deadline has passed since it was asked (a peer busy with other work that keeps
+        heartbeating must not hold a request forever)."""
         fut = self._pending.get(msg_id)
         if fut is None or fut.done():
             return
-        if self.busy(self.actor.loop.time()):
+        now = self.actor.loop.time()
+        rt = self.actor.runtime
+        if self.busy(now) and now < asked + max(t, self.peer_patience or rt.progress_timeout_s):
             self.actor.counters["requests.waited_busy"] += 1
             self._timers[msg_id] = self.actor.loop.call_later(
-                self.actor.runtime.heartbeat_interval_s, self._expire, msg_id
+                rt.heartbeat_interval_s, self._expire, msg_id, asked, t
             )
             return
         fut.set_exception(_Expired())
 
     def busy(self, now: float) -> bool:
-        """The peer is alive but not answering now: it said it is busy, or its connection is up while its
-        own heartbeats have stopped for over two intervals (its event loop is starved)."""
+        """The peer is alive but cannot answer now: its connection is up while its own heartbeats have
+        stopped for over two intervals (its event loop is starved; its `busy` announcement, if any, says
+        with what, and how long it may take)."""
         if self.state != "alive" or self.actor.runtime.liveness == "heartbeats":
             return False
         self._read_transport()
-        quiet = now - self.last_heard > 2 * self.actor.runtime.heartbeat_interval_s
-        return bool(self.peer_busy) or (self.transport_up and quiet)
+        return self.transport_up and now - self.last_heard > 2 * self.actor.runtime.heartbeat_interval_s
 
     def _fail_pending(self, exc: Exception) -> None:
         for fut in self._pending.values():
@@ -234,7 +252,7 @@ class Connection:
     def _on_frames(self, frames: list) -> None:
         a = self.actor
         self.last_heard = a.loop.time()
-        if self.state != "alive":
+        if self.state != "alive" and not _is_goodbye(a, frames):
             self._mark_alive()
         if len(frames) < 3 or len(frames[0]) != 0:
             a.counters["dropped.frames"] += 1
@@ -308,6 +326,7 @@ class Connection:
             return
         now = self.actor.loop.time()
         self.state, self._death_reported, self.declared_dead_at = "dead", True, now
+        self.left = True
         self.silence_at_death = 0.0
         self._alive.clear()
         self._next_reconnect = now
@@ -320,6 +339,7 @@ class Connection:
     def _mark_alive(self) -> None:
         was = self.state
         self.state = "alive"
+        self.left = False
         self.declared_dead_at = None
         self._backoff = self.actor.runtime.reconnect_backoff_initial_s
         self._alive.set()

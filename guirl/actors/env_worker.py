@@ -315,6 +315,8 @@ class EnvWorker(Actor):
             task.cancel()
             self.counters["episodes.report_cut"] += 1
             log.warning("shutdown: %s did not finish within %.1f s", task.get_name(), timeout)
+        if pending:
+            await asyncio.wait(pending)  # cancelled: let each unwind before the sockets close
         for task in done:
             if not task.cancelled() and task.exception() is not None:
                 log.warning("shutdown: %s failed: %s", task.get_name(), task.exception())
@@ -481,9 +483,14 @@ class EnvWorker(Actor):
         try:
             await retry_idempotent(
                 lambda: self.learner.request(traj),
-                attempts=1 if self.stopping else 10,  # stopping: one try, then back to the coordinator
+                attempts=10,
                 initial=rt.reconnect_backoff_initial_s,
                 cap=rt.reconnect_backoff_max_s,
+                # no more tries once this worker is stopping or the learner has shut down (its updates
+                # are made): the trajectory goes back to the coordinator at once
+                is_transient=lambda e: (
+                    getattr(e, "transient", False) and not (self.stopping or self.learner.left)
+                ),
             )
         except (ActorError, OSError, TimeoutError) as exc:
             self.counters["trajectories.undelivered"] += 1

@@ -105,7 +105,8 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_concurrency: PosInt = 64
     """Most handler tasks an actor runs at once."""
     shutdown_timeout_s: PosFloat = 5.0
-    """Seconds an actor has to drain in-flight work on shutdown."""
+    """Seconds an actor has on shutdown to drain the requests in flight, and again to settle the work other
+    actors already count as done (an env worker's end reports)."""
     term_timeout_s: PosFloat = 2.0
     """Seconds to wait for the ZeroMQ context to terminate."""
     fault_injection: bool = False
@@ -750,6 +751,10 @@ class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How many faults a seed draws."""
     span_s: PosFloat = 60.0
     """Seconds over which the faults are spread."""
+    busy: NonNegInt = 0
+    """Besides `faults`: how many times the broker, the learner or the PRM is made to hold the GIL for 2 to
+    4 transport deadlines (a `HoldGil`, as a Python-heavy save does; needs `runtime.fault_injection`). A
+    busy actor must never be taken for a dead one: no episode may be lost to it."""
 
 
 class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -138,14 +138,15 @@ class Heartbeat(Message):
     incarnation: str = ""
     """Random id of the sending process: a change tells a client its peer restarted."""
     leaving: bool = False
-    """Sent (best effort) by a client closing its connection: a goodbye, not a death."""
+    """Sent (best effort) by an actor shutting down, to its mailbox's peers and on its connections: a
+    goodbye, not a death."""
     first_seen: str = ""
     """In a server's first heartbeat to a new peer: the id of the first message it got from that peer
     (messages the peer sent before that one never reached this incarnation)."""
-    patience_s: float = 0.0
+    patience_s: Annotated[float, Meta(ge=0, le=7 * 86400)] = 0.0
     """The sender's progress deadline: judge its silence, while its connection is alive, only after this
     many seconds (0: the receiver's own `progress_timeout_s`)."""
-    busy: str = ""
+    busy: Annotated[str, Meta(max_length=200)] = ""
     """Heavy work the sender is about to do or doing (`checkpoint`, `gather`, `load`): its event loop may
     be starved until it speaks again, and `patience_s` says for how long at most."""
 

@@ -91,6 +91,16 @@ def test_a_schedule_is_its_seed():
     assert all(0.5 <= f.hold_s <= 4.0 for f in a.faults if f.kind == "stop")
     with pytest.raises(ValueError):
         Schedule.generate(7, targets=[], n_faults=1, span_s=60)
+    # busy faults come from a stream of their own: the seed's other faults stay as they were
+    busy = Schedule.generate(
+        7, targets=["broker", "learner", "worker0", "vm"], n_faults=8, span_s=60, n_busy=3, busy_hold_s=(2, 4)
+    )
+    assert [f for f in busy.faults if f.kind != "busy"] == a.faults
+    held = [f for f in busy.faults if f.kind == "busy"]
+    assert len(held) == 3 and all(f.target in ("broker", "learner") and 2 <= f.hold_s <= 4 for f in held)
+    assert [f.at_s for f in busy.faults] == sorted(f.at_s for f in busy.faults)
+    with pytest.raises(ValueError, match="busy faults need"):
+        Schedule.generate(7, targets=["worker0", "vm"], n_faults=1, span_s=60, n_busy=1)
 
 
 def test_the_checker_finds_what_a_broken_run_did(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,14 @@ def tiny_ckpt(tmp_path_factory):
     return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
 
 
+BUSY = [
+    *("--set", "runtime.fault_injection=true", "--set", "chaos.seed=5", "--set", "chaos.faults=0"),
+    *("--set", "chaos.busy=2", "--set", "chaos.span_s=6", "--set", "runtime.heartbeat_interval_s=0.5"),
+]
+"""The decoupled run's broker or learner holds the GIL twice, for 2 to 4 transport deadlines (3 to 6 s), as a
+Python-heavy save does, while episodes are played: busy, never taken for dead, nothing lost."""
+
+
 @pytest.mark.parametrize("sync", [False, True])
 def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
     cmd = [
@@ -41,7 +50,7 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
         "2",
         "--set",
         f"run.root_dir={tmp_path}",
-        *(["--sync"] if sync else ["--set", "train.ranks=2", "--set", "wandb.mode=offline"]),
+        *(["--sync"] if sync else ["--set", "train.ranks=2", "--set", "wandb.mode=offline", *BUSY]),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
@@ -67,6 +76,14 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates"] == 2 and summary["final_version"] == 2 and summary["sync"] is sync
     assert "[train] version 2" in out.stdout
+    if not sync:  # the busy faults: struck and answered, and nobody was taken for dead
+        busy = [json.loads(x) for x in (run_dir / "chaos.jsonl").read_text().splitlines()]
+        assert [b["kind"] for b in busy if "kind" in b] == ["busy", "busy"], busy
+        assert sum(1 for b in busy if str(b.get("busy", "")).startswith("held the GIL")) == 2, busy
+        # the only peer declared dead is the chaos monkey's hostile one (a hex id), when the run ends
+        dead = re.findall(r"peer_dead=(\S+)", out.stderr)
+        assert summary["env_errors"] == 0 and all(d.startswith("0x") for d in dead), out.stderr[-3000:]
+        assert " is hung" not in out.stderr
     if not sync:  # each update in the offline W&B run, with the coordinator's view beside it
         (log,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
         rows = [r for r in history(read_records(log)) if "version" in r]

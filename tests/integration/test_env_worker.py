@@ -194,11 +194,22 @@ class _Learner(Actor):
 
 
 async def _one_train_task(
-    tmp_path, cfg, engine, learner, body, *, prm=None, max_steps=5, coordinator=Coordinator, **worker_options
+    tmp_path,
+    cfg,
+    engine,
+    learner,
+    body,
+    *,
+    prm=None,
+    max_steps=5,
+    coordinator=Coordinator,
+    worker_cls=EnvWorker,
+    **worker_options,
 ):
     """A one-task, one-sample train run in this process: a real coordinator (of class `coordinator`), a
     broker with `engine`, `learner` (and `prm`: actors on those channels, made by the test), and an env worker
-    with one local VM; returns `body(coord, worker, worker_task)`, then stops every actor."""
+    with one local VM (of class `worker_cls`); returns `body(coord, worker, worker_task)`, then stops every
+    actor."""
     coord = coordinator(
         "coordinator",
         tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
@@ -218,7 +229,7 @@ async def _one_train_task(
     )
     actors = (coord, broker, learner, *([prm] if prm is not None else []))
     tasks = [await a.start() for a in actors]
-    worker = EnvWorker(
+    worker = worker_cls(
         "worker0",
         coordinator=coord.endpoints[0],
         broker=broker.endpoints[0],
@@ -550,18 +561,16 @@ def test_a_shutdown_while_the_end_is_reported_lets_the_report_finish(tmp_path):
                 await settling[0].wait()
             return await super().handle(req)
 
+    class Settling(EnvWorker):
+        async def settle(self, timeout):
+            settling[0].set()
+            await super().settle(timeout)
+
     async def scenario():
         reported.append(asyncio.Event())
         settling.append(asyncio.Event())
 
         async def body(coord, worker, worker_task):
-            settle = worker.settle
-
-            async def settle_after_a_shutdown(timeout):
-                settling[0].set()
-                await settle(timeout)
-
-            worker.settle = settle_after_a_shutdown
             await asyncio.wait_for(reported[0].wait(), 60)  # the end is on its way ...
             worker.request_shutdown("test: the run is over")  # ... and the worker is asked to stop
             await asyncio.wait_for(worker_task, 30)
@@ -569,7 +578,9 @@ def test_a_shutdown_while_the_end_is_reported_lets_the_report_finish(tmp_path):
 
         engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
         learner = _Learner(offered, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        return await _one_train_task(tmp_path, cfg, engine, learner, body, max_steps=3, coordinator=Answering)
+        return await _one_train_task(
+            tmp_path, cfg, engine, learner, body, max_steps=3, coordinator=Answering, worker_cls=Settling
+        )
 
     coord, worker = run(scenario(), timeout=120)
     (result,) = coord.results.values()

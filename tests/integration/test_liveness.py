@@ -83,8 +83,9 @@ def test_a_busy_peer_killed_is_dead_within_the_transport_deadline():
             with pytest.raises(PeerDead, match="is gone: its connection is lost"):
                 await held
             detected_after = loop.time() - killed_at
-            assert detected_after <= 3 * cfg.runtime.heartbeat_interval_s, detected_after
-            assert conn.silence_at_death >= _deadline(cfg) and client.counters.get("peers.hung", 0) == 0
+            # once silent past the deadline, at the next tick: not after its progress deadline (120 s)
+            assert detected_after <= _deadline(cfg) + 2 * cfg.runtime.heartbeat_interval_s, detected_after
+            assert client.counters.get("peers.hung", 0) == 0
 
     run(main())
 
@@ -104,7 +105,6 @@ def test_a_stopped_peer_is_dead_after_the_deadline_and_back_when_it_wakes():
             try:
                 with pytest.raises(PeerDead, match="is gone"):
                     await pending
-                assert conn.silence_at_death >= _deadline(cfg)
             finally:
                 sup.kill("echo", signal.SIGCONT)
             await conn.wait_alive(30)
@@ -169,7 +169,7 @@ def test_a_peer_that_shuts_down_says_so_and_is_not_counted_dead():
             conn = client.connect("echo", await _echo(sup, cfg), DiagChannel)
             await conn.wait_alive(10)
             pending = asyncio.create_task(conn.request(Echo(text="cut", delay_s=60), timeout=60))
-            await asyncio.sleep(0)  # sent
+            await conn.request(StatsRequest())  # answered after the echo took "cut" (one pipe, in order)
             stopping = asyncio.create_task(sup.stop("echo"))
             # the goodbye, not 10 s of silence (0.2 s x 50), ends the request
             with pytest.raises(PeerDead, match="shut down"):
