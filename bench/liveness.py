@@ -1,6 +1,7 @@
 """Liveness at the largest model this machine holds: is a busy actor taken for a dead one?
 
-A random Qwen3-VL of about half a billion parameters (built offline; `--hidden`, `--layers`) is trained by
+A random Qwen3-VL of 293 M parameters (built offline; `--hidden`, `--layers`; 457 M ran the machine out of
+memory at its first checkpoint, beside the broker and the desktops) is trained by
 GRPO through the whole actor system on local desktops (`configs/local_rl.toml`), with a checkpoint after
 every update (`train.checkpoint_every = 1`: a full-state save, optimizer included) and a weight broadcast
 to the broker after every update — the heavy work that holds the GIL for seconds. Two runs, side by side:
@@ -16,9 +17,12 @@ peers it declared dead (every one a false death: nothing is killed), and the run
 learner mid-checkpoint, the broker and the env worker, one at a time, and reads from the peers' logs how
 long each death took to be declared: it must be within the transport deadline plus one heartbeat tick.
 
-    python bench/liveness.py [--hidden 1280] [--layers 24] [--updates 3] [--quick]
+    python bench/liveness.py [--hidden 1024] [--layers 24] [--updates 3] [--busy N] [--no-kills] [--quick]
 
-`--quick` is a few-minute smoke run of the whole bench with a small model. Ends with one line of JSON.
+`--busy N` adds N `HoldGil` faults to each of the two runs (`chaos.busy`): the learner or the broker holds
+the GIL for 6 to 12 s, as an 8B checkpoint save or weight gather would — work this machine cannot hold. The
+kill run has none. `--quick` is a few-minute smoke run of the whole bench with a small model. Ends with one
+line of JSON.
 """
 
 from __future__ import annotations
@@ -69,7 +73,13 @@ def build_model(args: argparse.Namespace) -> tuple[Path, int]:
     return target, count_parameters(target)
 
 
-def command(args: argparse.Namespace, ckpt: Path, root: Path, liveness: str, updates: int) -> list[str]:
+def command(
+    args: argparse.Namespace, ckpt: Path, root: Path, liveness: str, updates: int, busy: int = 0
+) -> list[str]:
+    chaos = [  # HoldGil faults: the learner or the broker holds the GIL 6 to 12 s, as an 8B save would
+        *("--set", "runtime.fault_injection=true", "--set", "chaos.seed=1", "--set", "chaos.faults=0"),
+        *("--set", f"chaos.busy={busy}", "--set", "chaos.span_s=120"),
+    ]
     return [
         *(
             sys.executable,
@@ -87,6 +97,7 @@ def command(args: argparse.Namespace, ckpt: Path, root: Path, liveness: str, upd
         *("--set", "agent.max_pixels=65536", "--set", "supervisor.max_restarts=20"),
         *("--set", "train.micro_batch_tokens=1024"),  # the activations of one micro-batch bound the memory
         *("--set", f"run.root_dir={root}", "--set", "wandb.mode=disabled"),
+        *(chaos if busy else []),
     ]
 
 
@@ -119,7 +130,8 @@ def figures(lines: list[dict], run_dir: Path) -> dict:
                 "declared_hung": line["peers_hung"],
                 "requests_waited_busy": line["requests_waited_busy"],
             }
-    deaths = [x for x in lines if x.get("peer_dead")]
+    # a chaos run's hostile peer (a hex id) is declared dead when the monkey closes it: not an actor
+    deaths = [x for x in lines if x.get("peer_dead") and not str(x["peer_dead"]).startswith("0x")]
     lost = 0
     ledger = run_dir / "episodes.jsonl"
     if ledger.is_file():
@@ -127,6 +139,9 @@ def figures(lines: list[dict], run_dir: Path) -> dict:
             err = str(row.get("env_error") or "")
             if row.get("kind") == "ended" and ("dead" in err or "died" in err or "PeerDead" in err):
                 lost += 1
+    chaos = run_dir / "chaos.jsonl"
+    held = [json.loads(x) for x in chaos.read_text().splitlines()] if chaos.is_file() else []
+    held = [f"{x['target']}: {x['busy']}" for x in held if "busy" in x]
     summary = (
         json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     )
@@ -137,6 +152,7 @@ def figures(lines: list[dict], run_dir: Path) -> dict:
             f"{x.get('actor')} declared {x['peer_dead']} dead after {x.get('silent_s')} s" for x in deaths
         ],
         "episodes_lost": lost,
+        "busy_faults": held,
         "updates": summary.get("updates"),
         "env_errors": summary.get("env_errors"),
     }
@@ -154,7 +170,7 @@ def clean_run(args: argparse.Namespace, ckpt: Path, work: Path, liveness: str) -
     started = time.monotonic()
     stderr_path = work / f"{liveness}.stderr"
     with open(stderr_path, "w") as err:
-        cmd = command(args, ckpt, root, liveness, args.updates)
+        cmd = command(args, ckpt, root, liveness, args.updates, args.busy)
         out = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env, cwd=ROOT)
     out.stderr = stderr_path.read_text()
     seconds = round(time.monotonic() - started, 1)
@@ -242,6 +258,13 @@ def main() -> int:
     p.add_argument("--updates", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="a small model: a smoke run of the whole bench")
     p.add_argument("--no-kills", action="store_true", help="skip the third run (SIGKILLs)")
+    p.add_argument(
+        "--busy",
+        type=int,
+        default=0,
+        help="besides the real work, N HoldGil faults per run (chaos.busy): the learner or the broker holds "
+        "the GIL for 6 to 12 s, as an 8B checkpoint save or weight gather would",
+    )
     args = p.parse_args()
     if args.quick:
         args.hidden, args.layers, args.updates = 256, 2, 2
@@ -271,11 +294,20 @@ def main() -> int:
         "bench": "liveness",
         "params_m": round(params / 1e6, 1),
         "updates": args.updates,
+        "busy_faults_per_run": args.busy,
         "transport_deadline_s": INTERVAL_S * LIVENESS,
         **{
             liveness: {
                 k: r.get(k)
-                for k in ("seconds", "false_deaths", "episodes_lost", "updates", "actors", "error")
+                for k in (
+                    "seconds",
+                    "false_deaths",
+                    "episodes_lost",
+                    "updates",
+                    "actors",
+                    "busy_faults",
+                    "error",
+                )
             }
             for liveness, r in runs.items()
         },

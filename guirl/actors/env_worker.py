@@ -639,8 +639,10 @@ class EnvWorker(Actor):
                     await asyncio.sleep(self.env.step_latency_s)
                 t0 = time.monotonic()
                 (episode.dir / f"step_{step:03d}.png").write_bytes(screenshot)
-                try:
-                    prompt = self._build_prompt(instruction, episode.history, screenshot)
+                try:  # decoding, resizing and encoding screenshots: on a thread (PIL lets the GIL go)
+                    prompt = await asyncio.to_thread(
+                        self._build_prompt, instruction, episode.history, screenshot
+                    )
                 except PromptTooLong as exc:
                     raise EnvFault(f"the prompt does not fit the token budget: {exc}") from None
                 response = await self._ask(ep, step, prompt)
