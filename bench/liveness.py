@@ -4,7 +4,8 @@ A random Qwen3-VL of 293 M parameters (built offline; `--hidden`, `--layers`; 45
 memory at its first checkpoint, beside the broker and the desktops) is trained by
 GRPO through the whole actor system on local desktops (`configs/local_rl.toml`), with a checkpoint after
 every update (`train.checkpoint_every = 1`: a full-state save, optimizer included) and a weight broadcast
-to the broker after every update — the heavy work that holds the GIL for seconds. Two runs, side by side:
+to the broker after every update — the heavy work that, at production sizes, keeps an actor busy for seconds
+to minutes. Two runs, side by side:
 
 - `heartbeats`: the rule before issue 21 (a peer whose own heartbeats stop for
   `heartbeat_interval_s × heartbeat_liveness`, 3 s, is dead);
