@@ -29,7 +29,7 @@ def tiny_ckpt(tmp_path_factory):
 
 BUSY = [
     *("--set", "runtime.fault_injection=true", "--set", "chaos.seed=5", "--set", "chaos.faults=0"),
-    *("--set", "chaos.busy=2", "--set", "chaos.span_s=6", "--set", "runtime.heartbeat_interval_s=0.5"),
+    *("--set", "chaos.busy=2", "--set", "chaos.span_s=3", "--set", "runtime.heartbeat_interval_s=0.5"),
 ]
 """The decoupled run's broker or learner holds the GIL twice, for 2 to 4 transport deadlines (3 to 6 s), as a
 Python-heavy save does, while episodes are played: busy, never taken for dead, nothing lost."""
