@@ -44,17 +44,6 @@ class _Expired(Exception):
     pass
 
 
-def _is_goodbye(actor: Actor, frames: list) -> bool:
-    """A peer's goodbye (`Heartbeat(leaving=True)`): it must not count as the peer being back."""
-    if len(frames) < 3 or len(frames[0]) != 0:
-        return False
-    try:
-        _, msg = actor.codec.decode(frames[1:], actor.channel)
-    except CodecError:
-        return False
-    return isinstance(msg, Heartbeat) and msg.leaving
-
-
 _TRANSPORT_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 
 
@@ -252,21 +241,23 @@ class Connection:
     def _on_frames(self, frames: list) -> None:
         a = self.actor
         self.last_heard = a.loop.time()
-        if self.state != "alive" and not _is_goodbye(a, frames):
-            self._mark_alive()
-        if len(frames) < 3 or len(frames[0]) != 0:
+        header = msg = None
+        if len(frames) >= 3 and len(frames[0]) == 0:
+            try:
+                header, msg = a.codec.decode(frames[1:], self.channel)
+            except CodecError as exc:
+                a.counters[f"dropped.{exc.code}"] += 1
+                a.log_drop(self.name, exc)
+        else:
             a.counters["dropped.frames"] += 1
+        if isinstance(msg, Heartbeat) and msg.leaving:  # a goodbye is not the peer being back
+            self._peer_left()
             return
-        try:
-            header, msg = a.codec.decode(frames[1:], self.channel)
-        except CodecError as exc:
-            a.counters[f"dropped.{exc.code}"] += 1
-            a.log_drop(self.name, exc)
+        if self.state != "alive":  # the peer spoke, even if garbled
+            self._mark_alive()
+        if msg is None:
             return
         if isinstance(msg, Heartbeat):
-            if msg.leaving:
-                self._peer_left()
-                return
             self.peer_patience, self.peer_busy = msg.patience_s, msg.busy
             self._check_incarnation(msg)
             return
