@@ -38,10 +38,11 @@ def test_a_peer_holding_the_gil_is_busy_not_dead_and_its_requests_wait():
         async with Supervisor(cfg) as sup, client_actor(cfg) as client:
             conn = client.connect("echo", await _echo(sup, cfg), DiagChannel)
             await conn.wait_alive(10)
-            # the echo holds the GIL: its own heartbeats stop, its handler cannot run; both requests have a
-            # timeout of one transport deadline and are answered after the hold, neither fails
-            held = asyncio.create_task(conn.request(HoldGil(seconds=HOLD_S), timeout=_deadline(cfg)))
-            queued = asyncio.create_task(conn.request(Echo(text="queued"), timeout=_deadline(cfg)))
+            # the echo holds the GIL: its own heartbeats stop, its handler cannot run; both requests time out
+            # at half the hold (time enough for the silence to show: two heartbeat intervals after the hold
+            # began) and are answered after it, neither fails
+            held = asyncio.create_task(conn.request(HoldGil(seconds=HOLD_S), timeout=HOLD_S / 2))
+            queued = asyncio.create_task(conn.request(Echo(text="queued"), timeout=HOLD_S / 2))
             stats = await held
             assert isinstance(stats, StatsReply) and stats.counters["faults.gil_held"] == 1
             assert (await queued).text == "queued"
