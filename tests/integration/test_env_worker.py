@@ -193,29 +193,31 @@ class _Learner(Actor):
         return await super().handle(req)
 
 
-async def _one_train_task(
+async def _one_task(
     tmp_path,
     cfg,
     engine,
-    learner,
     body,
     *,
+    learner=None,
     prm=None,
+    mode="train",
     max_steps=5,
+    agent=None,
     coordinator=Coordinator,
     worker_cls=EnvWorker,
     **worker_options,
 ):
-    """A one-task, one-sample train run in this process: a real coordinator (of class `coordinator`), a
-    broker with `engine`, `learner` (and `prm`: actors on those channels, made by the test), and an env worker
-    with one local VM (of class `worker_cls`); returns `body(coord, worker, worker_task)`, then stops every
-    actor."""
+    """The infeasible task, once, in this process: a real coordinator (of class `coordinator`; `mode` train:
+    one sample of one group), a broker with `engine`, `learner` and `prm` (actors on those channels, made by
+    the test), and an env worker with one 640x480 local VM (of class `worker_cls`, with `agent` settings on
+    top of a small image budget); returns `body(coord, worker, worker_task)`, then stops every actor."""
+    train = {"n_samples": 1, "max_groups": 1} if mode == "train" else {}
     coord = coordinator(
         "coordinator",
         tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-        mode="train",
-        n_samples=1,
-        max_groups=1,
+        mode=mode,
+        **train,
         max_steps=max_steps,
         runtime=cfg.runtime,
         bind=["tcp://127.0.0.1:0"],
@@ -227,17 +229,17 @@ async def _one_train_task(
         runtime=cfg.runtime,
         bind=["tcp://127.0.0.1:0"],
     )
-    actors = (coord, broker, learner, *([prm] if prm is not None else []))
+    actors = (coord, broker, *(a for a in (learner, prm) if a is not None))
     tasks = [await a.start() for a in actors]
     worker = worker_cls(
         "worker0",
         coordinator=coord.endpoints[0],
         broker=broker.endpoints[0],
-        learner=learner.endpoints[0],
+        **({"learner": learner.endpoints[0]} if learner is not None else {}),
         **({"prm": prm.endpoints[0]} if prm is not None else {}),
         run_dir=str(tmp_path / "run"),
         env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-        agent={"max_pixels": 320 * 240},
+        agent={"max_pixels": 320 * 240, **(agent or {})},
         runtime=cfg.runtime,
         **worker_options,
     )
@@ -276,7 +278,7 @@ def _prm_episode(tmp_path, prm_handler, **worker_options):
         engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
         learner = _Learner(received, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
         prm = PRM("prm", runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        await _one_train_task(tmp_path, cfg, engine, learner, body, prm=prm, **worker_options)
+        await _one_task(tmp_path, cfg, engine, body, learner=learner, prm=prm, **worker_options)
 
     run(scenario(), timeout=120)
     (traj,) = received
@@ -425,42 +427,15 @@ def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
 
 
 async def _one_episode(cfg, tmp_path: Path, engine, agent: dict) -> Coordinator:
-    """One episode of the infeasible task on a 640x480 local desktop, the policy's answers from `engine`
-    (through a real broker), the worker's agent settings `agent` on top of a small image budget."""
-    coord = Coordinator(
-        "coordinator",
-        tasks=[SuiteTask("t-infeasible", "d", INFEASIBLE)],
-        mode="eval",
-        max_steps=5,
-        runtime=cfg.runtime,
-        bind=["tcp://127.0.0.1:0"],
-    )
-    broker = InferenceBroker(
-        "broker",
-        inference=InferenceConfig(max_wait_ms=0.0),
-        engines=[engine],
-        runtime=cfg.runtime,
-        bind=["tcp://127.0.0.1:0"],
-    )
-    tasks = [await a.start() for a in (coord, broker)]
-    worker = EnvWorker(
-        "worker0",
-        coordinator=coord.endpoints[0],
-        broker=broker.endpoints[0],
-        run_dir=str(tmp_path / "run"),
-        env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-        agent={"max_pixels": 320 * 240, **agent},
-        runtime=cfg.runtime,
-    )
-    try:
-        worker_task = await worker.start()
+    """One eval episode of the infeasible task, the policy's answers from `engine`, the worker's agent
+    settings `agent`: returns the coordinator once the worker is done."""
+
+    async def body(coord, worker, worker_task):
         await asyncio.wait_for(coord.all_done.wait(), 60)
         await asyncio.wait_for(worker_task, 30)
-    finally:
-        for actor, task in zip((coord, broker), tasks, strict=True):
-            actor.request_shutdown("test done")
-            await asyncio.wait_for(task, 15)
-    return coord
+        return coord
+
+    return await _one_task(tmp_path, cfg, engine, body, mode="eval", agent=agent)
 
 
 def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(tmp_path):
@@ -498,7 +473,7 @@ def test_a_worker_taken_for_dead_never_delivers_the_episode_it_finishes_anyway(t
 
         engine = Signalling("s0", str(scripts), screen=(640, 480), latency_s=0.5)
         learner = _Learner(received, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        return await _one_train_task(tmp_path, cfg, engine, learner, body)
+        return await _one_task(tmp_path, cfg, engine, body, learner=learner)
 
     coord, worker, first = run(scenario(), timeout=120)
     (result,) = coord.results.values()
@@ -529,7 +504,7 @@ def test_a_trajectory_the_learner_will_not_take_goes_back_and_its_sample_out_aga
 
         engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
         learner = _Learner(offered, refuse=1, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        return await _one_train_task(tmp_path, cfg, engine, learner, body, max_steps=3)
+        return await _one_task(tmp_path, cfg, engine, body, learner=learner, max_steps=3)
 
     coord, worker = run(scenario(), timeout=120)
     first, second = offered
@@ -578,8 +553,15 @@ def test_a_shutdown_while_the_end_is_reported_lets_the_report_finish(tmp_path):
 
         engine = _TokenScripted("s0", str(scripts), screen=(640, 480))
         learner = _Learner(offered, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"])
-        return await _one_train_task(
-            tmp_path, cfg, engine, learner, body, max_steps=3, coordinator=Answering, worker_cls=Settling
+        return await _one_task(
+            tmp_path,
+            cfg,
+            engine,
+            body,
+            learner=learner,
+            max_steps=3,
+            coordinator=Answering,
+            worker_cls=Settling,
         )
 
     coord, worker = run(scenario(), timeout=120)
