@@ -160,12 +160,12 @@ async def timed_train(cfg: Any, out: io.StringIO, timeout_s: float) -> dict[str,
 def one_run(mode: str, shared: list[str], log: io.StringIO, timeout_s: float) -> dict[str, Any]:
     cfg = load_config(CONFIG, env={}, overrides=[*shared, MODES[mode]])
     exits = ActorExits()
-    logging.getLogger("guirl.actors.supervisor").addHandler(exits)
+    logging.getLogger("guirl.runtime.supervisor").addHandler(exits)
     t = time.perf_counter()
     try:
         summary = uvloop.run(timed_train(cfg, log, timeout_s))
     finally:
-        logging.getLogger("guirl.actors.supervisor").removeHandler(exits)
+        logging.getLogger("guirl.runtime.supervisor").removeHandler(exits)
     wall = time.perf_counter() - t
     run_dir = Path(summary["run_dir"])
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -33,7 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import uvloop  # noqa: E402
 
-from guirl.actors.base import Actor  # noqa: E402
 from guirl.actors.broker import InferenceBroker  # noqa: E402
 from guirl.actors.demo import synthetic_screen  # noqa: E402
 from guirl.agent.prompt import PromptConfig, build_prompt  # noqa: E402
@@ -43,6 +42,7 @@ from guirl.inference.hf import HFEngine  # noqa: E402
 from guirl.messages import Blob, PolicyChannel  # noqa: E402
 from guirl.messages.types import Image, PolicyRequest, PolicyResponse, SamplingParams  # noqa: E402
 from guirl.model.tiny import ensure_tiny_checkpoint  # noqa: E402
+from guirl.runtime.base import Actor  # noqa: E402
 
 CONCURRENCY = (1, 4, 8)
 LENGTHS = (64, 256)

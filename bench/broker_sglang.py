@@ -42,13 +42,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guirl.actors.base import Actor
 from guirl.actors.broker import InferenceBroker
 from guirl.config import load_config
 from guirl.config.schema import InferenceConfig, SGLangBackendConfig
 from guirl.messages import PolicyChannel
 from guirl.messages.types import PolicyRequest, PolicyResponse, SamplingParams, Tensor
 from guirl.model.tiny import ensure_tiny_checkpoint
+from guirl.runtime.base import Actor
 from guirl.testing.fakes import FakeSGLangServer
 
 MODES = {"barrier": "batch", "streaming": "auto"}

@@ -221,7 +221,7 @@ def train_and_publish(ckpt: Path, plan: Plan, device: str, steps: int) -> tuple[
     from guirl.config.schema import TrainConfig
     from guirl.inference.chat import ChatRenderer
     from guirl.learner.trainer import Trainer
-    from guirl.learner.weights import sglang_buckets
+    from guirl.weights.broadcast import sglang_buckets
 
     # One rank of a real process group (not the no-group shortcut), so `shard_model` runs fully_shard with
     # the mixed-precision policy. The store listens on a port of its own choosing (no probe-then-bind race)

@@ -302,7 +302,7 @@ async def timed_train(cfg: Any, out: io.StringIO, timeout_s: float) -> dict[str,
 def one_run(settings: list[str], log: io.StringIO) -> dict[str, Any]:
     cfg = load_config(CONFIG, env={}, overrides=settings)
     watch = ActorWatch()
-    sup_log = logging.getLogger("guirl.actors.supervisor")
+    sup_log = logging.getLogger("guirl.runtime.supervisor")
     sup_log.addHandler(watch)
     sup_log.setLevel(logging.INFO)
     sup_log.propagate = False  # its INFO lines feed the watch; warnings are passed on by it

@@ -146,11 +146,11 @@ async def time_guirl(conn, png: bytes, n: int) -> list[float]:
 async def run(quick: bool) -> dict:
     import requests
 
-    from guirl.actors.base import Actor
-    from guirl.actors.process import ActorSpec
-    from guirl.actors.supervisor import Supervisor
     from guirl.config import load_config
     from guirl.messages import DiagChannel
+    from guirl.runtime.base import Actor
+    from guirl.runtime.process import ActorSpec
+    from guirl.runtime.supervisor import Supervisor
 
     screens = {"desktop": plain_desktop(), "photo": photo_desktop()}
     # (interleaved rounds, zmq reps per block, flask reps per block)

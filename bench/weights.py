@@ -3,7 +3,7 @@ spawned process is one engine (rank 1) that receives each broadcast in full (hea
 and acknowledges it over a pipe. Two models, built in memory (random weights, no checkpoint written):
 the tiny Qwen3-VL (~1 M parameters) and a ~100 M-parameter Qwen3-VL (text hidden 768, 6 layers, 32k
 vocabulary), in fp32 and bf16, with buckets of 4, 16 and 64 MiB (the bucket size only governs how the
-tensors under 1 MiB are packed: larger ones always travel alone, in place; see guirl/learner/weights.py).
+tensors under 1 MiB are packed: larger ones always travel alone, in place; see guirl/weights/broadcast.py).
 
 Both processes run torch with one thread (see `main`). `send_s` is rank 0's own `broadcast` time (it
 returns once its sends are handed to gloo); `delivered_s` runs until the engine has every tensor in
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from guirl.learner.weights import (  # noqa: E402
+from guirl.weights.broadcast import (  # noqa: E402
     SGLangBucket,
     WeightGroupSpec,
     WeightReceiver,

@@ -161,8 +161,8 @@ class ChaosMonkey:
     async def _ask(self) -> None:
         """Ask the broker (a weight update under way) and the PRM (transitions held) directly, when a due
         fault waits for that moment: the status file's picture is seconds old."""
-        from guirl.actors.errors import ActorError
         from guirl.messages.types import StatsReply, StatsRequest
+        from guirl.runtime.errors import ActorError
 
         now = time.monotonic()
         due = {f.moment for f in self.pending if self.started is not None and now >= self.started + f.at_s}
@@ -258,9 +258,9 @@ class ChaosMonkey:
     async def _hold(self, fault: Fault, endpoint: str) -> None:
         """Ask `fault.target` to hold the GIL (a connection of the coordinator's, one per target); its answer
         (or why there was none) goes to `chaos.jsonl`."""
-        from guirl.actors.errors import ActorError
         from guirl.messages import DiagChannel
         from guirl.messages.types import HoldGil
+        from guirl.runtime.errors import ActorError
 
         name = f"chaos-{fault.target}"
         conn = self.coord.connections.get(name) or self.coord.connect(name, endpoint, DiagChannel)

@@ -16,11 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 from guirl.actors.demo import DemoCoordinator
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.fileio import write_json_atomic
 from guirl.msglog import LogReader, Recorder
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,12 @@ from typing import Any, TextIO
 import msgspec
 
 from guirl.actors.coordinator import Coordinator, TaskResult
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
 from guirl.fileio import write_json_atomic
+from guirl.placement import vm_split
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from guirl.vmpool.tasks.suite import SkippedTask, check_supported, load_suite
 
 log = logging.getLogger(__name__)
@@ -67,15 +68,6 @@ def _hf_checkpoint(path: str, key: str, missing: str) -> str:
 
 
 # -- reporting ---------------------------------------------------------------------------------------
-
-
-def vm_split(total: int, workers: int, per_worker: int = 0) -> list[int]:
-    """VMs of each worker: `per_worker` each when set, else `total` shared out as evenly as possible
-    (every worker gets at least one)."""
-    if per_worker:
-        return [per_worker] * workers
-    base, extra = divmod(max(total, workers), workers)
-    return [base + (1 if i < extra else 0) for i in range(workers)]
 
 
 def progress_line(snap: dict[str, Any]) -> str:

@@ -359,3 +359,12 @@ def _describe_env(mode: str, cfg: GuirlConfig) -> str:
         return f"{head}, grounding rows from {rows} (GUI-R1 mode)"
     tasks = cfg.train.tasks if mode == "train" else cfg.eval.tasks
     return f"{head}, {cfg.env.max_envs} VMs ({cfg.env.provider}), tasks {tasks}"
+
+
+def vm_split(total: int, workers: int, per_worker: int = 0) -> list[int]:
+    """VMs of each worker: `per_worker` each when set, else `total` shared out as evenly as possible
+    (every worker gets at least one)."""
+    if per_worker:
+        return [per_worker] * workers
+    base, extra = divmod(max(total, workers), workers)
+    return [base + (1 if i < extra else 0) for i in range(workers)]

@@ -53,8 +53,8 @@ class StatusWriter:
         self._prm_conn = self.coord.connect("status-prm", endpoint, PRMChannel)
 
     async def _ask_prm(self) -> None:
-        from guirl.actors.errors import ActorError
         from guirl.messages.types import StatsRequest
+        from guirl.runtime.errors import ActorError
 
         try:
             reply = await self._prm_conn.request(StatsRequest(), timeout=5.0)
@@ -69,8 +69,8 @@ class StatusWriter:
         }
 
     async def _ask_broker(self) -> None:
-        from guirl.actors.errors import ActorError
         from guirl.messages.types import StatsRequest
+        from guirl.runtime.errors import ActorError
 
         try:
             reply = await self._broker.request(StatsRequest(), timeout=5.0)

@@ -23,8 +23,6 @@ from typing import Any, TextIO
 import msgspec
 
 from guirl.actors.coordinator import Coordinator
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.chaos import check_chaos_config, start_monkey
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError
@@ -41,6 +39,8 @@ from guirl.eval import (
     worker_spec,
 )
 from guirl.fileio import JsonlTail, last_json_line, write_json_atomic
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from guirl.tracking import Tracker
 from guirl.vmpool.tasks.suite import SkippedTask, check_supported, load_suite
 

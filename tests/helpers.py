@@ -14,8 +14,8 @@ from typing import Any
 
 import uvloop
 
-from guirl.actors.base import Actor
 from guirl.config import GuirlConfig, load_config
+from guirl.runtime.base import Actor
 
 FAST = [
     "runtime.heartbeat_interval_s=0.2",

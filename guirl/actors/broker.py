@@ -40,8 +40,6 @@ from typing import Any
 
 import msgspec
 
-from guirl.actors.base import Actor, Request
-from guirl.actors.errors import FatalError
 from guirl.actors.routing import EngineSlot, ModelQueue, Pending, load_tokens
 from guirl.config.schema import InferenceConfig
 from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, GenResult, weights_intact
@@ -55,6 +53,8 @@ from guirl.messages.types import (
     Tensor,
     WeightsPublished,
 )
+from guirl.runtime.base import Actor, Request
+from guirl.runtime.errors import FatalError
 
 log = logging.getLogger(__name__)
 

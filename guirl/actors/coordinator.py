@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from guirl.actors.base import Actor, Request
 from guirl.fileio import write_json_atomic
 from guirl.messages import CoordinatorChannel
 from guirl.messages.types import (
@@ -48,6 +47,7 @@ from guirl.messages.types import (
     WeightsPublished,
     WorkRequest,
 )
+from guirl.runtime.base import Actor, Request
 from guirl.vmpool.tasks.suite import SuiteTask
 
 log = logging.getLogger(__name__)
@@ -621,7 +621,7 @@ class Coordinator(Actor):
 
     def heard_ages(self) -> dict[str, float]:
         """Seconds since each actor that talks to the coordinator was last heard (its most recent process)."""
-        from guirl.actors.zsock import peer_label
+        from guirl.runtime.sockets import peer_label
 
         now = asyncio.get_running_loop().time()
         heard: dict[str, float] = {}

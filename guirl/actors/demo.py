@@ -15,9 +15,6 @@ import struct
 import zlib
 from typing import Any
 
-from guirl.actors.base import Actor, Request
-from guirl.actors.errors import ActorError
-from guirl.actors.retry import retry_idempotent
 from guirl.messages import Blob, CoordinatorChannel, DiagChannel
 from guirl.messages.types import (
     Ack,
@@ -30,6 +27,9 @@ from guirl.messages.types import (
     Register,
     WorkRequest,
 )
+from guirl.runtime.base import Actor, Request
+from guirl.runtime.errors import ActorError
+from guirl.runtime.retry import retry_idempotent
 
 log = logging.getLogger(__name__)
 

@@ -11,9 +11,9 @@ import logging
 import os
 from typing import Any
 
-from guirl.actors.base import Actor, Request
 from guirl.messages import DiagChannel
 from guirl.messages.types import Echo, EchoReply, Message
+from guirl.runtime.base import Actor, Request
 
 log = logging.getLogger(__name__)
 

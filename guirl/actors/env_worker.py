@@ -29,9 +29,6 @@ from typing import Any
 
 import msgspec
 
-from guirl.actors.base import Actor
-from guirl.actors.errors import ActorError
-from guirl.actors.retry import backoff_delays, retry_idempotent
 from guirl.agent.actions import TERMINAL, AnyAction, Fail
 from guirl.agent.gui_r1_desktop import build_gui_r1_prompt, parse_gui_r1
 from guirl.agent.parse import ParseError, parse_response
@@ -58,6 +55,9 @@ from guirl.messages.types import (
     Transition,
     WorkRequest,
 )
+from guirl.runtime.base import Actor
+from guirl.runtime.errors import ActorError
+from guirl.runtime.retry import backoff_delays, retry_idempotent
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.pool import PoolError, VMPool
 from guirl.vmpool.provider import ProviderError

@@ -29,9 +29,6 @@ from typing import Any
 
 import msgspec
 
-from guirl.actors.base import Actor, Request
-from guirl.actors.errors import ActorError, FatalError
-from guirl.actors.retry import retry_idempotent
 from guirl.config.schema import TrainConfig
 from guirl.messages import CoordinatorChannel, LearnerChannel, PolicyChannel
 from guirl.messages.types import (
@@ -47,6 +44,9 @@ from guirl.messages.types import (
     WeightsPublished,
 )
 from guirl.net import free_port, host_address
+from guirl.runtime.base import Actor, Request
+from guirl.runtime.errors import ActorError, FatalError
+from guirl.runtime.retry import retry_idempotent
 
 log = logging.getLogger(__name__)
 
@@ -688,7 +688,7 @@ class Learner(Actor):
 
     async def _broadcast(self, version: int, state: dict[str, Any], timings: dict[str, float]) -> bool:
         from guirl.learner.trainer import savable_state, tied_embeddings
-        from guirl.learner.weights import (
+        from guirl.weights.broadcast import (
             WeightGroupSpec,
             WeightSender,
             WeightSyncError,

@@ -27,13 +27,13 @@ from typing import Any
 
 import msgspec
 
-from guirl.actors.base import Actor, Request
-from guirl.actors.errors import ActorError, RequestTimeout
-from guirl.actors.retry import retry_idempotent
 from guirl.config.schema import PRMConfig
 from guirl.messages import LearnerChannel, PolicyChannel, PRMChannel
 from guirl.messages.types import Ack, ErrorReply, Message, PolicyRequest, PolicyResponse, Transition
 from guirl.prm.judge import Judge, JudgeUnavailable, Verdict
+from guirl.runtime.base import Actor, Request
+from guirl.runtime.errors import ActorError, RequestTimeout
+from guirl.runtime.retry import retry_idempotent
 
 log = logging.getLogger(__name__)
 

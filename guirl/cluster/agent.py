@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--actor", required=True)
     args = parser.parse_args(argv)
 
-    from guirl.actors.process import ActorSpec, build_actor, run_actor
     from guirl.config import GuirlConfig
+    from guirl.runtime.process import ActorSpec, build_actor, run_actor
 
     stdin = sys.stdin.buffer
     try:

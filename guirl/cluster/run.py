@@ -73,7 +73,7 @@ class ClusterRun:
     @classmethod
     def local(cls, cfg: GuirlConfig) -> ClusterRun:
         """The one-host cluster of a single-machine command: the config's endpoints, workers and VMs."""
-        from guirl.eval import vm_split
+        from guirl.placement import vm_split
 
         e = cfg.eval
         vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)

@@ -46,8 +46,8 @@ from guirl.inference.base import (
     took_weights,
 )
 from guirl.inference.chat import ChatRenderer, RenderedPrompt
-from guirl.learner.weights import WeightGroupSpec, WeightGroupTimeout, WeightReceiver
 from guirl.messages.types import SamplingParams
+from guirl.weights.broadcast import WeightGroupSpec, WeightGroupTimeout, WeightReceiver
 
 log = logging.getLogger(__name__)
 

@@ -413,7 +413,7 @@ class SGLangEngine:
         self.last_update = {k: round(v, 4) for k, v in timings.items()}
 
     def _broadcast_plan(self, spec: dict[str, Any]) -> tuple[Any, list[Any]]:
-        from guirl.learner.weights import SGLangBucket, WeightGroupSpec
+        from guirl.weights.broadcast import SGLangBucket, WeightGroupSpec
 
         try:
             group = WeightGroupSpec.from_dict(spec["broadcast"])

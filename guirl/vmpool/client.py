@@ -16,8 +16,8 @@ import aiohttp
 import msgpack
 import msgspec
 
-from guirl.actors.retry import backoff_delays
 from guirl.agent.actions import PYAUTOGUI_REFUSED, AnyAction, to_pyautogui
+from guirl.runtime.retry import backoff_delays
 
 PYAUTOGUI_TIMEOUT_S = 130.0
 """How long one action's program may take through `/execute` (OSWorld's server gives it 120 s): the longest

@@ -28,10 +28,10 @@ import pytest
 
 from guirl.inference.base import EngineError, GenRequest
 from guirl.inference.sglang import LaunchSpec, SGLangEngine
-from guirl.learner.weights import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
 from guirl.messages.types import ChatMessage, ImagePart, SamplingParams, TextPart
 from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.net import free_port
+from guirl.weights.broadcast import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
 from tests.helpers import run
 from tests.integration.test_hf_engine import png
 

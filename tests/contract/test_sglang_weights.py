@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from guirl.inference.sglang_api import bucket_body, init_group_body
-from guirl.learner.weights import (
+from guirl.model.tiny import ensure_tiny_checkpoint
+from guirl.net import free_port
+from guirl.weights.broadcast import (
     WeightGroupSpec,
     WeightGroupTimeout,
     WeightSender,
     sglang_buckets,
     unique_group_name,
 )
-from guirl.model.tiny import ensure_tiny_checkpoint
-from guirl.net import free_port
 from tests.contract.sglang_ranks import Server
 
 INIT, DESTROY = "/init_weights_update_group", "/destroy_weights_update_group"

@@ -42,7 +42,7 @@ def hosts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory):
-    from guirl.actors.security import init_keys
+    from guirl.runtime.security import init_keys
 
     return init_keys(tmp_path_factory.mktemp("keys") / "keys").path
 
@@ -202,7 +202,7 @@ def test_a_train_run_across_three_hosts(tmp_path, hosts, keys, tiny_ckpt):
     """The whole small cluster: readiness, live status, sockets only on the configured interfaces, strangers
     refused and counted, a worker added and one removed mid-run, one env host's processes SIGKILLed (its
     episodes handed out again, every update made), and nothing left on any host afterwards."""
-    from guirl.actors.security import load_keys
+    from guirl.runtime.security import load_keys
 
     head, env1, env2 = hosts.names
     name = f"t{hosts.prefix}a"

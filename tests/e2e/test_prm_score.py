@@ -196,7 +196,7 @@ def test_invalid_votes_are_counted_never_scored(run_copy):
 
 
 def test_damaged_run_is_scored_as_far_as_it_can_be(run_copy):
-    from guirl.prm.offline import read_episode, transition
+    from guirl.prm_offline import read_episode, transition
 
     done, failed = sorted(_episodes(run_copy), key=lambda ep: ep.parent.name)  # echo-hello, rename
     # a task not in the run's task lists: its instruction is the one the policy's prompt stated

@@ -37,7 +37,8 @@ FAST = [
 PROBE = r"""
 import importlib.metadata as md, json, os, sys
 from packaging.requirements import Requirement
-import guirl.actors.supervisor, guirl.cli, guirl.inference.scripted, guirl.testing.fakes, guirl.vmpool.session
+import guirl.runtime.supervisor, guirl.cli, guirl.inference.scripted, guirl.testing.fakes
+import guirl.vmpool.session
 
 dist = md.distribution("guirl")
 unmet = []

@@ -9,12 +9,12 @@ import socket
 import psutil
 import pytest
 
-from guirl.actors.base import Actor
-from guirl.actors.errors import FatalError, PeerDead, RemoteError, RequestTimeout
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.messages import Blob, DiagChannel
 from guirl.messages.types import Echo, EchoReply, Shutdown, StatsReply, StatsRequest
+from guirl.runtime.base import Actor
+from guirl.runtime.errors import FatalError, PeerDead, RemoteError, RequestTimeout
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from tests.helpers import client_actor, fast_config, run
 
 ECHO = "guirl.actors.echo:EchoActor"

@@ -9,7 +9,6 @@ import msgspec
 import pytest
 
 from guirl.actors.broker import InferenceBroker
-from guirl.actors.errors import RemoteError
 from guirl.config.schema import InferenceConfig
 from guirl.inference.openai import OpenAIEngine
 from guirl.inference.scripted import ScriptedEngine
@@ -23,6 +22,7 @@ from guirl.messages.types import (
     TextPart,
     WeightsPublished,
 )
+from guirl.runtime.errors import RemoteError
 from guirl.testing.fakes import FakeOpenAIServer
 from tests.helpers import client_actor, fast_config, run
 

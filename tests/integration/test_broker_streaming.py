@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from guirl.actors.broker import InferenceBroker
-from guirl.actors.errors import RemoteError
 from guirl.actors.routing import stream_limit
 from guirl.config.schema import InferenceConfig
 from guirl.inference.base import EngineDead, EngineError, GenRequest, GenResult
@@ -32,6 +31,7 @@ from guirl.messages.types import (
     TextPart,
     WeightsPublished,
 )
+from guirl.runtime.errors import RemoteError
 from guirl.testing.fakes import FakeOpenAIServer
 from tests.helpers import client_actor, fast_config, run
 

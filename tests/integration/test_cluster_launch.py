@@ -17,8 +17,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.cluster.agent import read_payload
 from guirl.cluster.launch import (
     ActorStartError,
@@ -30,6 +28,8 @@ from guirl.cluster.launch import (
 from guirl.cluster.run import ClusterRun, control_path
 from guirl.cluster.spec import ClusterFileError, Host, parse_cluster
 from guirl.config import load_config
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from tests.helpers import run
 
 ROOT = Path(__file__).resolve().parents[2]

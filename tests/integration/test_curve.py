@@ -14,15 +14,15 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from guirl.actors.base import Actor
 from guirl.actors.echo import EchoActor
-from guirl.actors.errors import PeerDead, RequestTimeout
-from guirl.actors.process import ActorSpec
-from guirl.actors.security import KeysError, load_keys
-from guirl.actors.supervisor import Supervisor
 from guirl.cli import main as guirl
 from guirl.messages import Blob, Codec, DiagChannel, IdGen, make_header
 from guirl.messages.types import Echo, EchoReply, StatsReply, StatsRequest
+from guirl.runtime.base import Actor
+from guirl.runtime.errors import PeerDead, RequestTimeout
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.security import KeysError, load_keys
+from guirl.runtime.supervisor import Supervisor
 from tests.helpers import client_actor, fast_config, run
 
 
@@ -137,7 +137,7 @@ def test_an_unauthorized_key_gets_nothing_accepted_and_is_counted(tmp_path, capl
                 sock.close(linger=0)
         ctx.term()
 
-    with caplog.at_level(logging.WARNING, logger="guirl.actors.security"):
+    with caplog.at_level(logging.WARNING, logger="guirl.runtime.security"):
         run(main(), timeout=30)
     refusals = [r for r in caplog.records if "refused a CURVE peer at 127.0.0.1" in r.getMessage()]
     assert len(refusals) == 1, [r.getMessage() for r in refusals]

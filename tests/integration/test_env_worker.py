@@ -7,7 +7,6 @@ import asyncio
 import json
 from pathlib import Path
 
-from guirl.actors.base import Actor, Request
 from guirl.actors.broker import InferenceBroker
 from guirl.actors.coordinator import Coordinator
 from guirl.actors.env_worker import EnvWorker
@@ -17,6 +16,7 @@ from guirl.config.schema import InferenceConfig
 from guirl.inference.scripted import ScriptedEngine
 from guirl.messages import LearnerChannel
 from guirl.messages.types import Ack, EpisodeEnded, ErrorReply, Trajectory
+from guirl.runtime.base import Actor, Request
 from guirl.vmpool.client import PYAUTOGUI_TIMEOUT_S
 from guirl.vmpool.tasks.suite import SuiteTask
 from tests.helpers import fast_config, run
@@ -254,8 +254,8 @@ async def _one_task(
 def _prm_episode(tmp_path, prm_handler, **worker_options):
     """One 3-step train episode (click, click, done) on a local VM; the PRM's mailbox is `prm_handler`.
     Returns (the trajectory the learner got, the episode's folder)."""
-    from guirl.actors.base import Actor
     from guirl.messages import PRMChannel
+    from guirl.runtime.base import Actor
 
     cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"

@@ -27,8 +27,6 @@ import psutil
 import uvloop
 import zmq
 
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.messages import (
     Codec,
     CodecError,
@@ -38,6 +36,8 @@ from guirl.messages import (
     make_header,
 )
 from guirl.messages.types import Echo, EchoReply, ErrorReply, Heartbeat, StatsReply, StatsRequest
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from tests.integration.fuzz_cases import (
     CODEC_CODES,
     MEMORY_BOUND,

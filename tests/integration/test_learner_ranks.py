@@ -19,7 +19,6 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import load_file
 
-from guirl.actors.errors import FatalError
 from guirl.actors.learner import Learner
 from guirl.inference.chat import ChatRenderer
 from guirl.messages import LearnerChannel
@@ -27,6 +26,7 @@ from guirl.messages.blob import Blob
 from guirl.messages.types import ChatMessage, ImagePart, TextPart, Trajectory
 from guirl.messages.types import Image as WireImage
 from guirl.model.tiny import ensure_tiny_checkpoint
+from guirl.runtime.errors import FatalError
 from tests.helpers import client_actor, fast_config, one_step_trajectory, run
 
 TRAIN = {"lr": 1e-3, "updates": 2, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}

@@ -13,8 +13,6 @@ import torch
 from safetensors.torch import load_file
 
 from guirl.actors.learner import Learner, latest_checkpoint
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.inference.chat import ChatRenderer
 from guirl.messages import LearnerChannel
 from guirl.messages.types import (
@@ -24,6 +22,8 @@ from guirl.messages.types import (
     Trajectory,
 )
 from guirl.model.tiny import ensure_tiny_checkpoint
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from tests.helpers import client_actor, fast_config, one_step_trajectory, run
 
 TRAIN = {"lr": 1e-3, "updates": 3, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}

@@ -10,11 +10,11 @@ import signal
 
 import pytest
 
-from guirl.actors.errors import PeerDead, RemoteError
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.messages import DiagChannel
 from guirl.messages.types import Echo, HoldGil, StatsReply, StatsRequest
+from guirl.runtime.errors import PeerDead, RemoteError
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.supervisor import Supervisor
 from tests.helpers import client_actor, fast_config, run
 
 ECHO = "guirl.actors.echo:EchoActor"

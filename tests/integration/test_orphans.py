@@ -18,8 +18,8 @@ SUPERVISOR = textwrap.dedent(
     """
     import asyncio, json, sys
     import uvloop
-    from guirl.actors.process import ActorSpec
-    from guirl.actors.supervisor import Supervisor
+    from guirl.runtime.process import ActorSpec
+    from guirl.runtime.supervisor import Supervisor
     from tests.helpers import fast_config
 
     async def main():

@@ -10,14 +10,14 @@ import json
 import pytest
 from PIL import Image as PILImage
 
-from guirl.actors.base import Actor
 from guirl.actors.broker import InferenceBroker
-from guirl.actors.errors import RemoteError
 from guirl.actors.prm import PRMActor
 from guirl.config.schema import InferenceConfig
 from guirl.inference.scripted import ScriptedEngine, scripted_verdict
 from guirl.messages import Blob, LearnerChannel, PRMChannel
 from guirl.messages.types import Ack, Image, StepScore, Transition, WeightsPublished
+from guirl.runtime.base import Actor
+from guirl.runtime.errors import RemoteError
 from tests.helpers import client_actor, fast_config, run
 
 

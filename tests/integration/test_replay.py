@@ -10,12 +10,12 @@ from pathlib import Path
 
 import msgpack
 
-from guirl.actors.process import ActorSpec
-from guirl.actors.supervisor import Supervisor
 from guirl.messages import Blob, DiagChannel
 from guirl.messages.types import Echo
 from guirl.msglog import LogReader, Recorder
-from guirl.msglog.send import replay_to
+from guirl.runtime.process import ActorSpec
+from guirl.runtime.replay import replay_to
+from guirl.runtime.supervisor import Supervisor
 from tests.helpers import client_actor, fast_config, run
 
 ECHO = "guirl.actors.echo:EchoActor"
@@ -90,7 +90,7 @@ def test_replay_reproduces_the_received_stream(tmp_path):
     assert _received(tmp_path / "b" / "msglogs") == original
 
     # an actor that admits only the cluster's CURVE keys: answered with them, refused without
-    from guirl.actors.security import init_keys
+    from guirl.runtime.security import init_keys
 
     keys = init_keys(tmp_path / "keys").path
     secured = fast_config(f'runtime.curve_keys_dir="{keys}"')

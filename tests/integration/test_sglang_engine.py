@@ -25,11 +25,11 @@ from guirl.inference.base import EngineDead, EngineError, GenRequest
 from guirl.inference.hf import HFEngine
 from guirl.inference.openai import error_message
 from guirl.inference.sglang import LaunchSpec, SGLangEngine
-from guirl.learner.weights import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
 from guirl.messages import PolicyChannel
 from guirl.messages.types import ChatMessage, PolicyRequest, SamplingParams, TextPart
 from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.testing.fakes import FakeSGLangServer
+from guirl.weights.broadcast import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
 from tests.helpers import client_actor, fast_config, run
 from tests.integration.test_hf_engine import png, screenshot_request
 

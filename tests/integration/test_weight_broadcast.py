@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 
-from guirl.learner.weights import (
+from guirl.model.tiny import ensure_tiny_checkpoint
+from guirl.weights.broadcast import (
     WeightGroupSpec,
     WeightGroupTimeout,
     WeightReceiver,
     WeightSender,
     state_digest,
 )
-from guirl.model.tiny import ensure_tiny_checkpoint
 
 REPLY_TIMEOUT_S = 60.0  # a generous bound on any one step of the engine process (spawn + load ≈ 5 s)
 

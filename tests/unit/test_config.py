@@ -273,7 +273,7 @@ def test_make_run_dir_creates_distinct_dirs(tmp_path: Path) -> None:
 
 
 def test_vms_are_shared_out_over_workers():
-    from guirl.eval import vm_split
+    from guirl.placement import vm_split
 
     assert vm_split(64, 8) == [8] * 8  # GUI_POOL_MAX_ENVS=64 over 8 workers
     assert vm_split(5, 2) == [3, 2]

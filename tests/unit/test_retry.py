@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from guirl.actors.errors import (
+from guirl.runtime.errors import (
     ActorError,
     FatalError,
     Overloaded,
@@ -17,8 +17,8 @@ from guirl.actors.errors import (
     RequestTimeout,
     TransientError,
 )
-from guirl.actors.retry import backoff_delays, retry_idempotent
-from guirl.actors.stats import Counters
+from guirl.runtime.retry import backoff_delays, retry_idempotent
+from guirl.runtime.stats import Counters
 
 TINY = 1e-4
 

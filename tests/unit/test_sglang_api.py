@@ -9,8 +9,8 @@ import pytest
 
 from guirl.inference.base import EngineError, GenRequest
 from guirl.inference.sglang_api import bucket_body, generate_body, init_group_body, parse_generate, wire_ids
-from guirl.learner.weights import SGLangBucket, WeightGroupSpec
 from guirl.messages.types import SamplingParams
+from guirl.weights.broadcast import SGLangBucket, WeightGroupSpec
 
 PAD = 9
 PROMPT = [1, 2, 7, PAD, PAD, PAD, 8, 3, 7, PAD, PAD, 8, 4]  # two images, <vision_start>=7 <vision_end>=8

@@ -139,7 +139,7 @@ def test_bad_arguments():
 
 
 # --- `guirl data` ----------------------------------------------------------------------------------
-# guirl/cli.py does not register `data` yet (pending): main() is driven with its own parser here, and the
+# guirl/cli/main.py does not register `data` yet (pending): main() is driven with its own parser here, and the
 # subprocess test runs once the command is registered.
 
 
@@ -182,7 +182,7 @@ def _registered() -> bool:
     return "data" in sub.choices
 
 
-@pytest.mark.skipif(not _registered(), reason="`guirl data` is not registered in guirl/cli.py yet")
+@pytest.mark.skipif(not _registered(), reason="`guirl data` is not registered in guirl/cli/main.py yet")
 def test_guirl_data_synth_command(tmp_path):
     cmd = [sys.executable, "-m", "guirl", "data", "synth", str(tmp_path), "--n", "3", "--seed", "5"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)

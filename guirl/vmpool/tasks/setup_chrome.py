@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from guirl.actors.retry import retry_idempotent
+from guirl.runtime.retry import retry_idempotent
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.tasks.files import fetch
 

@@ -223,8 +223,8 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
-    from guirl.actors.process import ActorSpec, build_actor, run_actor
     from guirl.log import setup_logging
+    from guirl.runtime.process import ActorSpec, build_actor, run_actor
 
     cfg = _load(args)
     options = {}
@@ -274,7 +274,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_init(args: argparse.Namespace) -> int:
-    from guirl.actors.security import AUTHORIZED, init_keys
+    from guirl.runtime.security import AUTHORIZED, init_keys
 
     keys = init_keys(args.dir, force=args.force)
     print(f"{keys.path}: cluster key {keys.public.decode()} (authorized in {AUTHORIZED}/)")
@@ -298,7 +298,7 @@ def cmd_prm_score(args: argparse.Namespace) -> int:
     import uvloop
 
     from guirl.log import setup_logging
-    from guirl.prm.offline import score_run
+    from guirl.prm_offline import score_run
 
     if args.limit < 0:
         raise SystemExit("guirl prm score: --limit must be >= 0")
@@ -317,7 +317,7 @@ def cmd_prm_score(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from guirl.msglog.cli import add_arguments as replay_arguments
+    from guirl.cli.replay import add_arguments as replay_arguments
 
     parser = argparse.ArgumentParser(prog="guirl", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
     p = sub.add_parser("replay", help="read, filter, export and re-send message logs")
     replay_arguments(p)
-    p.set_defaults(func=lambda a: __import__("guirl.msglog.cli", fromlist=["run"]).run(a))
+    p.set_defaults(func=lambda a: __import__("guirl.cli.replay", fromlist=["run"]).run(a))
     p = sub.add_parser("config", help="show the resolved configuration")
     csub = p.add_subparsers(dest="config_cmd", required=True)
     show = csub.add_parser("show", help="the resolved configuration as TOML")
@@ -446,9 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from guirl.actors.errors import FatalError
     from guirl.config import ConfigError
     from guirl.errors import InputError
+    from guirl.runtime.errors import FatalError
 
     args = build_parser().parse_args(argv)
     try:

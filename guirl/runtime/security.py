@@ -39,9 +39,9 @@ import zmq
 import zmq.auth
 from zmq.utils import z85
 
-from guirl.actors.errors import FatalError
-from guirl.actors.stats import Counters
-from guirl.actors.zsock import AsyncSocket
+from guirl.runtime.errors import FatalError
+from guirl.runtime.sockets import AsyncSocket
+from guirl.runtime.stats import Counters
 
 log = logging.getLogger(__name__)
 

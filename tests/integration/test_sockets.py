@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import zmq
 
-from guirl.actors.zsock import AsyncSocket, SocketClosed
+from guirl.runtime.sockets import AsyncSocket, SocketClosed
 from tests.helpers import run
 
 

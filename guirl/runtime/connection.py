@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
-from guirl.actors.errors import Overloaded, PeerDead, RemoteError, RequestTimeout
-from guirl.actors.zsock import AsyncSocket, SocketClosed, transport_heartbeats
 from guirl.log import log_fields
 from guirl.messages import CodecError, Header, make_header
 from guirl.messages.types import ErrorReply, Heartbeat, Message
+from guirl.runtime.errors import Overloaded, PeerDead, RemoteError, RequestTimeout
+from guirl.runtime.sockets import AsyncSocket, SocketClosed, transport_heartbeats
 
 if TYPE_CHECKING:
-    from guirl.actors.base import Actor
+    from guirl.runtime.base import Actor
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ def replay_to(
     codec, ids, report = Codec(), IdGen(), ReplayReport()
     keys = None
     if keys_dir:
-        from guirl.actors.security import curve_client, load_keys
+        from guirl.runtime.security import curve_client, load_keys
 
         keys = load_keys(keys_dir)  # a bad directory is a clear error before anything is sent
     ctx = zmq.Context()

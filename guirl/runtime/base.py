@@ -24,14 +24,14 @@ from typing import Any, ClassVar
 
 import zmq
 
-from guirl.actors.connection import Connection
-from guirl.actors.mailbox import Mailbox, Request
-from guirl.actors.security import CurveSecurity, load_keys
-from guirl.actors.stats import Counters
-from guirl.actors.zsock import peer_label
 from guirl.log import log_fields
 from guirl.messages import Codec, CodecLimits, DiagChannel, Header, IdGen
 from guirl.messages.types import Heartbeat, Message, StatsReply
+from guirl.runtime.connection import Connection
+from guirl.runtime.mailbox import Mailbox, Request
+from guirl.runtime.security import CurveSecurity, load_keys
+from guirl.runtime.sockets import peer_label
+from guirl.runtime.stats import Counters
 
 log = logging.getLogger(__name__)
 

@@ -107,7 +107,7 @@ def run_actor(actor: Any, ready: Any = None) -> None:
     down; a crash exits the process with status 1."""
     import uvloop
 
-    from guirl.actors.errors import FatalError
+    from guirl.runtime.errors import FatalError
 
     try:
         uvloop.run(actor.run(ready, handle_signals=True))

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             paths = export_screenshots(reader, selected, args.out)
             print(f"wrote {len(paths)} screenshots to {args.out}")
         elif cmd == "send":
-            from guirl.msglog.send import replay_to
+            from guirl.runtime.replay import replay_to
 
             report = replay_to(
                 reader, selected, args.to, speed=args.speed, wait_s=args.wait, keys_dir=args.keys

@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from guirl.actors.connection import GOODBYE_LINGER_MS
-from guirl.actors.errors import FatalError
-from guirl.actors.zsock import AsyncSocket, peer_label, transport_heartbeats
 from guirl.log import log_fields
 from guirl.messages import CodecError, Header, make_header
 from guirl.messages.types import ErrorReply, Heartbeat, HoldGil, Message, Shutdown, StatsRequest
+from guirl.runtime.connection import GOODBYE_LINGER_MS
+from guirl.runtime.errors import FatalError
+from guirl.runtime.sockets import AsyncSocket, peer_label, transport_heartbeats
 
 if TYPE_CHECKING:
-    from guirl.actors.base import Actor
+    from guirl.runtime.base import Actor
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import msgspec
 
-from guirl.actors.process import ActorSpec
-from guirl.cluster.launch import ActorStartError, LocalLauncher
 from guirl.config import GuirlConfig
+from guirl.runtime.launch import ActorStartError, LocalLauncher
+from guirl.runtime.process import ActorSpec
 
 __all__ = ["ActorHandle", "ActorStartError", "Supervisor", "SupervisorEvent"]
 log = logging.getLogger(__name__)
