@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import uvloop  # noqa: E402
 
-from guirl.actors.broker import InferenceBroker  # noqa: E402
+from guirl.actors.broker import BrokerOptions, InferenceBroker  # noqa: E402
 from guirl.actors.demo import synthetic_screen  # noqa: E402
 from guirl.agent.prompt import PromptConfig, build_prompt  # noqa: E402
 from guirl.config import load_config  # noqa: E402
@@ -97,7 +97,7 @@ async def run(quick: bool) -> dict:
             engine = HFEngine(f"hf-{mode}", ckpt, max_batch=max_batch)
             broker = InferenceBroker(
                 f"broker-{mode}",
-                inference=inf,
+                BrokerOptions(inference=inf),
                 engines=[engine],
                 runtime=cfg.runtime,
                 bind=["tcp://127.0.0.1:0"],

@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from guirl.actors.broker import InferenceBroker
+from guirl.actors.broker import BrokerOptions, InferenceBroker
 from guirl.config import load_config
 from guirl.config.schema import InferenceConfig, SGLangBackendConfig
 from guirl.messages import PolicyChannel
@@ -245,8 +245,7 @@ async def run(args: argparse.Namespace) -> dict:
                 )
                 broker = InferenceBroker(
                     f"broker-{mode}",
-                    inference=inference,
-                    ckpt=ckpt,
+                    BrokerOptions(inference=inference, ckpt=ckpt),
                     runtime=cfg.runtime,
                     bind=["tcp://127.0.0.1:0"],
                 )

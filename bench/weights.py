@@ -34,7 +34,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from guirl.weights.broadcast import (  # noqa: E402
-    SGLangBucket,
     WeightGroupSpec,
     WeightReceiver,
     WeightSender,
@@ -110,11 +109,11 @@ def random_state(shapes: dict[str, torch.Tensor], dtype: torch.dtype, seed: int)
     return {k: torch.randn(v.shape, generator=gen).to(dtype) for k, v in shapes.items()}
 
 
-def engine(spec: dict, conn: Connection) -> None:
+def engine(spec: WeightGroupSpec, conn: Connection) -> None:
     """Rank 1: receive whatever comes; ack each with its version (and the digest when asked)."""
     torch.set_num_threads(1)  # see main()
     receiver = WeightReceiver()
-    receiver.open(WeightGroupSpec.from_dict(spec), rank=1)
+    receiver.open(spec, rank=1)
     try:
         while (command := conn.recv()) != "stop":
             version, state = receiver.receive()
@@ -124,18 +123,18 @@ def engine(spec: dict, conn: Connection) -> None:
         receiver.close()
 
 
-def sglang_engine(spec: dict, conn: Connection) -> None:
+def sglang_engine(spec: WeightGroupSpec, conn: Connection) -> None:
     """Rank 1 of an SGLang-layout group: each command is a bucket plan to receive (as a server's
     `update_weights_from_distributed` requests would be); ack with the digest when asked."""
     torch.set_num_threads(1)
     receiver = WeightReceiver()
-    receiver.open(WeightGroupSpec.from_dict(spec), rank=1)
+    receiver.open(spec, rank=1)
     try:
         while (command := conn.recv()) != "stop":
             plan, flattened, digest = command
             state: dict[str, torch.Tensor] = {}
             for b in plan:
-                state.update(receiver.receive_sglang_bucket(SGLangBucket.from_dict(b), flattened=flattened))
+                state.update(receiver.receive_sglang_bucket(b, flattened=flattened))
             conn.send(state_digest(state) if digest else "")
             del state
     finally:
@@ -147,7 +146,7 @@ def sglang_layout(state: dict[str, torch.Tensor], bucket_mib: int, reps: int) ->
     spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=120, layout="sglang")
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=sglang_engine, args=(spec.to_dict(), child), daemon=True)
+    proc = ctx.Process(target=sglang_engine, args=(spec, child), daemon=True)
     proc.start()
     sender = WeightSender()
     sender.open(spec)
@@ -159,7 +158,7 @@ def sglang_layout(state: dict[str, torch.Tensor], bucket_mib: int, reps: int) ->
             for rep in range(reps + 1):
                 started = time.perf_counter()
                 plan = sglang_buckets(state, bucket_mib * MiB)
-                conn.send(([b.to_dict() for b in plan], flattened, rep == 0))
+                conn.send((plan, flattened, rep == 0))
                 for b in plan:
                     sender.send_sglang_bucket(state, b, flattened=flattened)
                 digest = conn.recv()
@@ -204,7 +203,7 @@ def main() -> None:
     spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=120)
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=engine, args=(spec.to_dict(), child), daemon=True)
+    proc = ctx.Process(target=engine, args=(spec, child), daemon=True)
     proc.start()
     sender = WeightSender()
     sender.open(spec)

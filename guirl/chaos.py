@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from guirl.config.validate import check_chaos
 from guirl.proc import cmdline
 
 log = logging.getLogger(__name__)
@@ -348,14 +349,6 @@ class ChaosMonkey:
         }
 
 
-def check_chaos_config(cfg: Any) -> None:
-    """Before anything starts: busy faults are `HoldGil` messages, refused unless fault injection is on."""
-    from guirl.errors import InputError
-
-    if cfg.chaos.seed and cfg.chaos.busy and not cfg.runtime.fault_injection:
-        raise InputError("chaos.busy faults make actors hold the GIL: set runtime.fault_injection = true")
-
-
 def start_monkey(cfg: Any, mode: str, run_dir: Path, sup: Any, coord: Any, writer: Any, out: Any) -> Any:
     """The run's chaos monkey (`chaos.seed`), or None: its schedule drawn over the run's actors (the
     coordinator aside) and desktops, and only the moments the run has (a fault waits for its moment, up to
@@ -370,7 +363,7 @@ def start_monkey(cfg: Any, mode: str, run_dir: Path, sup: Any, coord: Any, write
         moments += ("checkpoint",) if cfg.train.checkpoint_every else ()
         moments += ("eval",) if cfg.train.eval_every else ()
         moments += ("judging",) if "prm" in sup.actors else ()
-    check_chaos_config(cfg)
+    check_chaos(cfg)  # also checked when the config was loaded; a monkey never starts without it
     deadline = cfg.runtime.heartbeat_interval_s * cfg.runtime.heartbeat_liveness
     schedule = Schedule.generate(
         c.seed,

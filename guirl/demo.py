@@ -15,7 +15,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from guirl.actors.demo import DemoCoordinator
+import msgspec
+
+from guirl.actors.demo import DemoCoordinator, DemoWorkerOptions
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.fileio import write_json_atomic
 from guirl.msglog import LogReader, Recorder
@@ -36,11 +38,13 @@ async def _run_actors(
                 name="broker", target="guirl.actors.echo:EchoActor", bind=[cfg.endpoints.broker], record=True
             )
         )
-        options = {
-            "coordinator": coordinator.endpoints[0],
-            "broker": broker.endpoints[0],
-            "step_latency_s": d.step_latency_s,
-        }
+        options = msgspec.to_builtins(
+            DemoWorkerOptions(
+                coordinator=coordinator.endpoints[0],
+                broker=broker.endpoints[0],
+                step_latency_s=d.step_latency_s,
+            )
+        )
         async with asyncio.TaskGroup() as tg:  # one failed start cancels (and cleans up) the others
             for i in range(d.workers):
                 spec = ActorSpec(

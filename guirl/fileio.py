@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,35 @@ def write_json_atomic(path: Path, data: Any, *, indent: int | None = 2) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data, indent=indent) + "\n")
     os.replace(tmp, path)
+
+
+def write_dir_atomic(final: Path, fill: Callable[[Path], None], *, keep: int = 0, family: str = "v*") -> Path:
+    """Build the directory `final` whole: `fill` writes into a temporary sibling (`.<name>.tmp`), which is
+    then renamed into place, replacing a `final` already there. A write that fails (or a kill) leaves
+    whatever `final` was, and every other sibling, as it was (moolib's checkpoints). With `keep`, the
+    siblings matching `family` that sort before `final` are pruned until `keep` remain, `final` included
+    (newer ones, if any, are kept). Returns `final`."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a previous attempt cut short
+    tmp.mkdir(parents=True)
+    try:
+        fill(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(final, ignore_errors=True)  # os.replace renames a directory only onto an empty one
+    os.replace(tmp, final)
+    if keep > 0:
+        older = sorted(p for p in final.parent.glob(family) if p.name < final.name)
+        for old in older[: max(0, len(older) - (keep - 1))]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def append_jsonl(path: Path, *lines: dict[str, Any]) -> None:
+    """`lines` at the end of the JSON-lines file `path`, one object per line (created if missing)."""
+    with open(path, "a") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
 def last_json_line(path: Path, *, block: int = 1 << 16) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from typing import Any, TextIO
 
 import msgspec
 
-from guirl.actors.broker import InferenceBroker, make_judge_engines
-from guirl.actors.prm import PRMActor
+from guirl.actors.broker import BrokerOptions, InferenceBroker, make_judge_engines
+from guirl.actors.prm import PRMActor, PRMOptions
 from guirl.config import GuirlConfig, load_config
 from guirl.errors import InputError
 from guirl.fileio import write_json_atomic
@@ -337,9 +337,8 @@ async def judge_service(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> AsyncIter
     )
     broker = InferenceBroker(
         "judge-broker",
-        inference=inference,
+        BrokerOptions(inference=inference, model=prm.model_name),
         engines=make_judge_engines(prm, ckpt=ckpt),
-        model=prm.model_name,
         runtime=cfg.runtime,
         codec=cfg.codec,
         bind=["tcp://127.0.0.1:0"],
@@ -348,9 +347,7 @@ async def judge_service(cfg: GuirlConfig, ckpt: str, run_dir: Path) -> AsyncIter
     try:
         actor = PRMActor(
             "prm-score",
-            broker=broker.endpoints[0],
-            run_dir=str(run_dir),
-            prm=prm,
+            PRMOptions(broker=broker.endpoints[0], run_dir=str(run_dir), prm=prm),
             runtime=cfg.runtime,
             codec=cfg.codec,
         )
@@ -377,7 +374,7 @@ async def score_run(
 ) -> dict[str, Any]:
     """Judge every step of the episodes of `run_dir` (the first `limit` episodes when set) with the judge
     of `cfg`; writes `<episode>/<out_name>` and the summary, and returns the summary."""
-    from guirl.eval import resolve_prm_checkpoint
+    from guirl.model.checkpoints import resolve_prm_checkpoint
 
     check_out_name(out_name)
     folders = episode_folders(run_dir)[: limit or None]

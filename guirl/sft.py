@@ -141,8 +141,8 @@ def run_sft(cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.
     """Fine-tune `model.hf_ckpt` on `sft.data`; returns (and writes) the summary."""
     from guirl.agent.prompt import PromptConfig
     from guirl.data.rows import load_rows
-    from guirl.eval import resolve_checkpoint
     from guirl.learner.trainer import Trainer, spawn_followers
+    from guirl.model.checkpoints import resolve_checkpoint
 
     s = cfg.sft
     if not s.data and not s.run_dirs:

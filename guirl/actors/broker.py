@@ -41,7 +41,7 @@ from typing import Any
 import msgspec
 
 from guirl.actors.routing import EngineSlot, ModelQueue, Pending, load_tokens
-from guirl.config.schema import InferenceConfig
+from guirl.config.schema import InferenceConfig, PRMConfig
 from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, GenResult, weights_intact
 from guirl.messages import PolicyChannel
 from guirl.messages.types import (
@@ -53,6 +53,7 @@ from guirl.messages.types import (
     Tensor,
     WeightsPublished,
 )
+from guirl.messages.weights import WeightsFromBroadcast, WeightsFromDisk
 from guirl.runtime.base import Actor, Request
 from guirl.runtime.errors import FatalError
 
@@ -236,53 +237,78 @@ def _response(result: GenResult, waited: float) -> PolicyResponse:
     )
 
 
+class JudgeModel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """The PRM's judge, served beside the policy under `prm.model_name` (its own engines, never updated)."""
+
+    prm: PRMConfig
+    ckpt: str = ""
+    """Its checkpoint ("" for the scripted judge or an OpenAI-compatible one named in `prm.openai`)."""
+
+
+class EnginePlacement(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Where the engines go (`guirl.placement`): GPU ids per launched server, torch devices of hf engines;
+    None: wherever the backend's defaults put them."""
+
+    rollout_gpus: list[list[str]] | None = None
+    rollout_devices: list[str] | None = None
+    judge_gpus: list[list[str]] | None = None
+    judge_devices: list[str] | None = None
+
+
+class BrokerOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    inference: InferenceConfig = msgspec.field(default_factory=InferenceConfig)
+    """The policy's engines and the batching over them (`[inference]`)."""
+    ckpt: str = ""
+    """The policy checkpoint the engines load."""
+    screen: list[int] = msgspec.field(default_factory=lambda: [1920, 1080])
+    """The desktops' width and height (the engines' coordinates are relative to it)."""
+    coordinates: str = "relative"
+    """`agent.coordinates`: the coordinate convention of the policy's actions."""
+    model: str = "policy"
+    """The model name the policy is served under."""
+    judge: JudgeModel | None = None
+    """Also serve the PRM's judge."""
+    placement: EnginePlacement = msgspec.field(default_factory=EnginePlacement)
+    log_dir: str = ""
+    """Where launched servers write their logs."""
+
+
 class InferenceBroker(Actor):
     """Batches and routes policy requests over engine instances; see the module docstring."""
 
     role = "broker"
     channel = PolicyChannel
+    Options = BrokerOptions
 
     def __init__(
         self,
         name: str,
+        options: BrokerOptions | None = None,
         *,
-        inference: dict | InferenceConfig | None = None,
-        ckpt: str = "",
-        screen: tuple[int, int] | list[int] = (1920, 1080),
-        coordinates: str = "relative",
         engines: list[Engine] | None = None,
-        model: str = "policy",
-        judge: dict | None = None,
-        placement: dict | None = None,
-        log_dir: str = "",
-        **kwargs: Any,
+        **runtime: Any,
     ) -> None:
-        """`placement`: GPUs of the engines (`rollout_gpus` / `judge_gpus`: ids per launched server,
-        `rollout_devices` / `judge_devices`: torch devices of hf engines), from `guirl.placement`."""
-        super().__init__(name, **kwargs)
-        cfg = (
-            inference
-            if isinstance(inference, InferenceConfig)
-            else msgspec.convert(inference or {}, InferenceConfig)
-        )
-        self.cfg = cfg
+        """`engines`: engines made in this process (tests, offline scoring) instead of from `options`."""
+        super().__init__(name, **runtime)
+        options = options or BrokerOptions()
+        self.cfg = options.inference
         self._engines = engines
-        placed = placement or {}
+        placed = options.placement
         self._engine_args = {
-            "ckpt": ckpt,
-            "screen": tuple(screen),
-            "coordinates": coordinates,
-            "gpus": placed.get("rollout_gpus"),
-            "devices": placed.get("rollout_devices"),
-            "log_dir": log_dir,
+            "ckpt": options.ckpt,
+            "screen": tuple(options.screen),
+            "coordinates": options.coordinates,
+            "gpus": placed.rollout_gpus,
+            "devices": placed.rollout_devices,
+            "log_dir": options.log_dir,
         }
         self._judge_args = {
-            "gpus": placed.get("judge_gpus"),
-            "devices": placed.get("judge_devices"),
-            "log_dir": log_dir,
+            "gpus": placed.judge_gpus,
+            "devices": placed.judge_devices,
+            "log_dir": options.log_dir,
         }
-        self.model = model
-        self._judge = judge  # {"prm": PRMConfig as a dict, "ckpt": path}: also serve the PRM's judge
+        self.model = options.model
+        self._judge = options.judge  # also serve the PRM's judge
         self.models: dict[str, ModelQueue] = {}
         self.pending_bytes = 0  # frames' worth of the requests queued or being served
         self._tasks: set[asyncio.Task] = set()
@@ -297,10 +323,8 @@ class InferenceBroker(Actor):
         engines = self._engines if self._engines is not None else make_engines(self.cfg, **self._engine_args)
         await self._start_model(self.model, engines)
         if self._judge is not None:  # the PRM's judge: another model name, its own engines, never updated
-            from guirl.config.schema import PRMConfig
-
-            prm = msgspec.convert(self._judge.get("prm") or {}, PRMConfig)
-            judge = make_judge_engines(prm, ckpt=self._judge.get("ckpt", ""), **self._judge_args)
+            prm = self._judge.prm
+            judge = make_judge_engines(prm, ckpt=self._judge.ckpt, **self._judge_args)
             # the PRM has up to max_concurrency x votes judge requests out at once: never refuse those
             queue = max(self.cfg.max_queue, prm.max_concurrency * prm.votes)
             await self._start_model(prm.model_name, judge, max_batch=prm.max_batch, max_queue=queue)
@@ -393,6 +417,10 @@ class InferenceBroker(Actor):
         """Run one weight update, abandoned (the engines keep serving their weights) as soon as its sender
         is declared dead or leaves, or sends a newer update: a broadcast from a dead learner never comes,
         and waiting for the weight group's timeout would hold every engine that long."""
+        if msg.source is None:
+            return ErrorReply(
+                code="schema", message="a weight update needs a source (from disk, or a broadcast)"
+            )
         actor = sender.split("/", 1)[0]  # a routing id is the actor's name and its process's own suffix
         newest = max([self.policy_epoch, *(epoch for _, _, epoch in self._pending_updates)])
         if msg.epoch < newest:
@@ -650,23 +678,24 @@ class InferenceBroker(Actor):
         slots = [s for s in queue.slots if s.healthy]
         if not slots:
             raise EngineError("no healthy policy engine to update")
-        if msg.weight_group:
-            size = msg.weight_group.get("world_size")
-            live = sum(weight_ranks(s.engine) for s in slots)
-            if size != 1 + live:
-                raise EngineError(
-                    f"the weight group has {size} ranks, but the learner and the healthy engines take "
-                    f"{1 + live}"
-                )
+        source = msg.source
+        timeout = 0.0
+        match source:
+            case WeightsFromBroadcast(group=group):
+                live = sum(weight_ranks(s.engine) for s in slots)
+                if group.world_size != 1 + live:
+                    raise EngineError(
+                        f"the weight group has {group.world_size} ranks, but the learner and the healthy "
+                        f"engines take {1 + live}"
+                    )
+                timeout = group.timeout_s
+            case WeightsFromDisk():
+                pass
+            case _:
+                raise EngineError(f"a weight update without a source: {source!r}", retryable=False)
 
         async def one(rank: int, slot: EngineSlot) -> None:
-            if msg.weight_group:
-                spec: dict[str, Any] = {"broadcast": msg.weight_group, "rank": rank, "epoch": msg.epoch}
-                if msg.buckets:
-                    spec["buckets"] = msg.buckets
-            else:
-                spec = {"path": msg.path, "epoch": msg.epoch}
-            await slot.engine.update_weights(msg.version, spec)
+            await slot.engine.update_weights(msg.version, source, epoch=msg.epoch, rank=rank)
 
         # an engine takes one rank of the group per GPU it spans (an SGLang server with tensor parallelism)
         offsets = [1]
@@ -674,7 +703,6 @@ class InferenceBroker(Actor):
             offsets.append(offsets[-1] + weight_ranks(slot.engine))
         async with self._drained(queue, slots):
             waited = time.monotonic() - arrived
-            timeout = float(msg.weight_group.get("timeout_s", 0) or 0) if msg.weight_group else 0.0
             # joining takes time too: leave it a quarter of the timeout, 15 s at least (half, on a short one)
             if timeout and waited >= timeout - min(0.5 * timeout, max(15.0, 0.25 * timeout)):
                 # the learner stopped waiting for the engines to join: joining now would leave each engine

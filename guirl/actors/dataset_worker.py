@@ -9,57 +9,38 @@ episode's score is its accuracy (1 = the right action, at the right place, with 
 for training is the weighted total, with the components beside it for metrics.
 
 Rows come from `data.train` and `data.eval`, loaded once at start; the coordinator hands out row ids as task
-ids (`dataset_tasks`). A row the worker does not have is an environment error, never a policy failure.
+ids (`guirl.data.tasks`). A row the worker does not have is an environment error, never a policy failure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import Any
 
 import msgspec
 
-from guirl.actors.env_worker import EnvFault, EnvWorker, _Episode, _messages_json
+from guirl.actors.env_worker import EnvFault, EnvWorker, EnvWorkerOptions, _Episode, _messages_json
 from guirl.config.schema import DataConfig
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def task_id_of(row_id: str, split: str) -> str:
-    """The task id (a directory name) of a row: the split, then the row id with unsafe characters replaced;
-    the caller keeps ids unique (`dataset_tasks`)."""
-    return f"{split}-{_UNSAFE.sub('_', row_id)}"[:200]
+from guirl.data.tasks import task_id_of
 
 
-def dataset_tasks(path: str, split: str, limit: int = 0) -> list[Any]:
-    """The rows of `path` as the coordinator's tasks (`SuiteTask`: task id, domain, and the row's id)."""
-    from guirl.data.rows import load_rows
-    from guirl.data.source import resolve_rows
-    from guirl.errors import InputError
-    from guirl.vmpool.tasks.suite import SuiteTask
-
-    tasks, seen = [], set()
-    for row in load_rows(resolve_rows(path), limit=limit):
-        task_id = task_id_of(row.id, split)
-        if task_id in seen:
-            raise InputError(f"{path}: rows {row.id!r} and another map to the same task id {task_id!r}")
-        seen.add(task_id)
-        tasks.append(SuiteTask(task_id, row.domain or split, {"row": row.id, "split": split}))
-    return tasks
+class DatasetWorkerOptions(EnvWorkerOptions, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    data: DataConfig = msgspec.field(default_factory=DataConfig)
+    """The grounding rows and the rule reward's weights (`[data]`)."""
 
 
 class DatasetWorker(EnvWorker):
     """See the module docstring."""
 
     role = "dataset_worker"
+    Options = DatasetWorkerOptions
 
-    def __init__(self, name: str, *, data: dict | DataConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
+    def __init__(self, name: str, options: DatasetWorkerOptions, **runtime: Any) -> None:
+        super().__init__(name, options, **runtime)
         from guirl.learner.rule_reward import RewardWeights
 
-        self.data = data if isinstance(data, DataConfig) else msgspec.convert(data or {}, DataConfig)
+        self.data = options.data
         self.weights = RewardWeights(
             format=self.data.format_weight,
             accuracy=self.data.accuracy_weight,

@@ -15,6 +15,8 @@ import struct
 import zlib
 from typing import Any
 
+import msgspec
+
 from guirl.messages import Blob, CoordinatorChannel, DiagChannel
 from guirl.messages.types import (
     Ack,
@@ -110,26 +112,30 @@ class DemoCoordinator(Actor):
         return await super().handle(req)
 
 
+class DemoWorkerOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    coordinator: str
+    """The coordinator's endpoint."""
+    broker: str
+    """The (echo) broker's endpoint."""
+    width: int = 320
+    """Width of the synthetic screenshots."""
+    height: int = 200
+    """Height of the synthetic screenshots."""
+    step_latency_s: float = 0.0
+    """Seconds the broker takes per step (`Echo.delay_s`)."""
+
+
 class DemoWorker(Actor):
     """Pulls episodes from the coordinator and plays them against the broker."""
 
     channel = DiagChannel
+    Options = DemoWorkerOptions
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        coordinator: str,
-        broker: str,
-        width: int = 320,
-        height: int = 200,
-        step_latency_s: float = 0.0,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(name, **kwargs)
-        self.step_latency_s = float(step_latency_s)
-        self.coordinator_ep, self.broker_ep = coordinator, broker
-        self.width, self.height = width, height
+    def __init__(self, name: str, options: DemoWorkerOptions, **runtime: Any) -> None:
+        super().__init__(name, **runtime)
+        self.step_latency_s = options.step_latency_s
+        self.coordinator_ep, self.broker_ep = options.coordinator, options.broker
+        self.width, self.height = options.width, options.height
 
     async def setup(self) -> None:
         self.coord = self.connect("coordinator", self.coordinator_ep, CoordinatorChannel)

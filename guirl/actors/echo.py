@@ -11,6 +11,8 @@ import logging
 import os
 from typing import Any
 
+import msgspec
+
 from guirl.messages import DiagChannel
 from guirl.messages.types import Echo, EchoReply, Message
 from guirl.runtime.base import Actor, Request
@@ -18,15 +20,24 @@ from guirl.runtime.base import Actor, Request
 log = logging.getLogger(__name__)
 
 
+class EchoOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    crash_on: str = ""
+    """An `Echo.text` that makes the process exit abruptly, as a crash would."""
+    fail_on: str = ""
+    """An `Echo.text` that makes the handler raise."""
+
+
 class EchoActor(Actor):
     """Echoes text and blobs; `Echo.delay_s` simulates a slow handler."""
 
     channel = DiagChannel
+    Options = EchoOptions
 
-    def __init__(self, name: str, *, crash_on: str = "", fail_on: str = "", **kwargs: Any) -> None:
-        super().__init__(name, **kwargs)
-        self.crash_on = crash_on
-        self.fail_on = fail_on
+    def __init__(self, name: str, options: EchoOptions | None = None, **runtime: Any) -> None:
+        super().__init__(name, **runtime)
+        options = options or EchoOptions()
+        self.crash_on = options.crash_on
+        self.fail_on = options.fail_on
 
     async def handle(self, req: Request) -> Message | None:
         match req.msg:

@@ -33,7 +33,7 @@ from guirl.agent.actions import TERMINAL, AnyAction, Fail
 from guirl.agent.gui_r1_desktop import build_gui_r1_prompt, parse_gui_r1
 from guirl.agent.parse import ParseError, parse_response
 from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt, gui_rl_step
-from guirl.config.schema import AgentConfig, EnvConfig
+from guirl.config.schema import AgentConfig, CloudConfig, EnvConfig
 from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
 from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel, PRMChannel
@@ -135,56 +135,73 @@ def _messages_json(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
+class EnvWorkerOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    coordinator: str
+    """The coordinator's endpoint (episodes out, end states back)."""
+    broker: str
+    """The inference broker's endpoint (the policy's actions)."""
+    run_dir: str
+    """The run directory: each episode's folder goes under `episodes/`."""
+    learner: str = ""
+    """The learner's endpoint (train mode: trajectories go there); empty in eval mode."""
+    agent: AgentConfig = msgspec.field(default_factory=AgentConfig)
+    """The policy's prompt, response format and sampling (`[agent]`)."""
+    env: EnvConfig = msgspec.field(default_factory=EnvConfig)
+    """The desktops (`[env]`)."""
+    cloud: CloudConfig | None = None
+    """The cloud's settings (`[cloud]`), for a cloud provider; None for local desktops."""
+    vms: int = 1
+    """Desktops this worker keeps."""
+    prewarm: int | None = None
+    """Desktops started before the first episode (None: `env.prewarm_envs`)."""
+    setup_timeout_s: float = 300.0
+    """Seconds a task's setup steps may take."""
+    policy_timeout_s: float = 600.0
+    """Seconds a policy request may take."""
+    fault_kill_vm_at_step: int = -1
+    """`faults.kill_vm_at_step`: kill the first episode's VM at this step (-1 = off)."""
+    lease_ttl_s: float = 120.0
+    """Seconds a desktop's lease lasts without renewal."""
+    pool_health_interval_s: float = 2.0
+    """Seconds between the pool's health checks."""
+    prm: str = ""
+    """The PRM actor's endpoint (each step's transition goes there); empty: no PRM."""
+    prm_history_images: int = 0
+    """`prm.history_images`: earlier screenshots sent with each transition."""
+    prm_queue: int = 256
+    """`prm.worker_queue`: transitions held for the PRM before the oldest are dropped."""
+
+
 class EnvWorker(Actor):
     """Plays assigned episodes on its own VMs; see the module docstring."""
 
     role = "env_worker"
     channel = CoordinatorChannel
+    Options = EnvWorkerOptions
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        coordinator: str,
-        broker: str,
-        run_dir: str,
-        learner: str = "",
-        agent: dict | None = None,
-        env: dict | None = None,
-        vms: int = 1,
-        prewarm: int | None = None,
-        setup_timeout_s: float = 300.0,
-        policy_timeout_s: float = 600.0,
-        fault_kill_vm_at_step: int = -1,
-        lease_ttl_s: float = 120.0,
-        pool_health_interval_s: float = 2.0,
-        prm: str = "",
-        prm_history_images: int = 0,
-        prm_queue: int = 256,
-        cloud: dict | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(name, **kwargs)
-        self.coordinator_ep, self.broker_ep, self.learner_ep = coordinator, broker, learner
-        self.run_dir = Path(run_dir)
-        self.agent = msgspec.convert(agent or {}, AgentConfig)
-        self.env = msgspec.convert(env or {}, EnvConfig)
-        self.cloud = cloud  # the `[cloud]` section (its keys stay in this process: never logged or sent on)
+    def __init__(self, name: str, options: EnvWorkerOptions, **runtime: Any) -> None:
+        super().__init__(name, **runtime)
+        o = options
+        self.coordinator_ep, self.broker_ep, self.learner_ep = o.coordinator, o.broker, o.learner
+        self.run_dir = Path(o.run_dir)
+        self.agent = o.agent
+        self.env = o.env
+        self.cloud = o.cloud  # the `[cloud]` section (its keys stay in this process: never logged or sent on)
         self.prompt_cfg = PromptConfig.from_config(self.agent)
-        self.slots = vms
-        self.prewarm = prewarm
-        self.setup_timeout_s = setup_timeout_s
-        self.policy_timeout_s = policy_timeout_s
-        self.fault_step = fault_kill_vm_at_step
-        self.lease_ttl_s = lease_ttl_s
-        self.pool_health_interval_s = pool_health_interval_s
+        self.slots = o.vms
+        self.prewarm = o.prewarm
+        self.setup_timeout_s = o.setup_timeout_s
+        self.policy_timeout_s = o.policy_timeout_s
+        self.fault_step = o.fault_kill_vm_at_step
+        self.lease_ttl_s = o.lease_ttl_s
+        self.pool_health_interval_s = o.pool_health_interval_s
         self.pool: VMPool | None = None
         self.provider: Any = None
         self.screen = (self.env.screen_width, self.env.screen_height)
         self._build_prompt, self._parse = self._response_format()
-        self.prm_ep = prm
-        self.prm_history_images = prm_history_images
-        self.prm_queue = prm_queue
+        self.prm_ep = o.prm
+        self.prm_history_images = o.prm_history_images
+        self.prm_queue = o.prm_queue
         self.outbox: collections.deque[tuple[_Episode, Transition]] = collections.deque()  # for the PRM
         self._outbox_changed = asyncio.Event()
         self._reports: set[asyncio.Task] = set()  # end reports under way (`settle`)
@@ -215,11 +232,10 @@ class EnvWorker(Actor):
             return LocalProvider(
                 self.run_dir / "vms" / self.name, width=self.env.screen_width, height=self.env.screen_height
             )
-        from guirl.config.schema import CloudConfig
         from guirl.vmpool.cloud import CloudProvider, run_alive
         from guirl.vmpool.clouds import make_cloud
 
-        cloud = msgspec.convert(self.cloud or {}, CloudConfig)
+        cloud = self.cloud or CloudConfig()
         try:
             api = make_cloud(self.env.provider, cloud, self.env.region)
             runs_root = self.run_dir.parent

@@ -45,26 +45,29 @@ JUDGE_ATTEMPTS = 6
 """Tries of one judge request against an overloaded or restarting broker before the vote is an error."""
 
 
+class PRMOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    broker: str
+    """The broker serving the judge (under `prm.model_name`)."""
+    run_dir: str
+    """The run directory: verdicts go to each episode's `prm.jsonl`."""
+    learner: str = ""
+    """Where step scores go when the learner trains on them (`step_wise`); empty: recorded only."""
+    prm: PRMConfig = msgspec.field(default_factory=PRMConfig)
+    """The judge's settings (`[prm]`)."""
+
+
 class PRMActor(Actor):
     """See the module docstring."""
 
     role = "prm"
     channel = PRMChannel
+    Options = PRMOptions
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        broker: str,
-        run_dir: str,
-        learner: str = "",
-        prm: dict | PRMConfig | None = None,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(name, **kwargs)
-        self.cfg = prm if isinstance(prm, PRMConfig) else msgspec.convert(prm or {}, PRMConfig)
-        self.broker_ep, self.learner_ep = broker, learner
-        self.run_dir = Path(run_dir)
+    def __init__(self, name: str, options: PRMOptions, **runtime: Any) -> None:
+        super().__init__(name, **runtime)
+        self.cfg = options.prm
+        self.broker_ep, self.learner_ep = options.broker, options.learner
+        self.run_dir = Path(options.run_dir)
         self.queue: collections.deque[tuple[Transition, float, int]] = collections.deque()
         self.queued_bytes = 0
         self.changed = asyncio.Event()

@@ -85,7 +85,7 @@ def launch(spec: ClusterFile, args: argparse.Namespace) -> int:
     import uvloop
 
     from guirl.config import load_config
-    from guirl.eval import EvalError
+    from guirl.errors import RunError
     from guirl.log import setup_logging
 
     base = Path(args.cluster).resolve().parent
@@ -129,7 +129,7 @@ def launch(spec: ClusterFile, args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         print("[cluster] interrupted: stopped every role", file=sys.stderr)
         code = 130
-    except EvalError as exc:
+    except RunError as exc:
         print(f"launch_cluster: {exc}", file=sys.stderr)
     finally:
         # the teardown itself is not interrupted by a second Ctrl-C (the loop's handlers are gone by now)

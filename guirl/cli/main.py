@@ -54,27 +54,19 @@ def _dry_run_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _load(args: argparse.Namespace):
+def _load(args: argparse.Namespace, mode: str | None = None):
+    """The config of `--config`, the environment and `--set`, checked (`guirl.config.validate`) for `mode`."""
     from guirl.config import load_config
 
-    return load_config(args.config, overrides=args.set)
+    return load_config(args.config, overrides=args.set, mode=mode)
 
 
 def _dry_run(cfg, mode: str) -> int:
-    """Check what a run of `cfg` would need and print its plan, starting nothing (no run directory, no
-    process, no torch)."""
-    from guirl.eval import TINY, resolve_checkpoint, resolve_prm_checkpoint
+    """Check what a run of `cfg` (loaded for `mode`: its rules are checked) would need and print its plan,
+    starting nothing (no run directory, no process, no torch)."""
+    from guirl.model.checkpoints import TINY, resolve_checkpoint, resolve_prm_checkpoint
     from guirl.placement import plan
 
-    if mode == "train":
-        from guirl.train import check_train_config
-
-        check_train_config(cfg)
-    if not (cfg.data.train if mode == "train" else cfg.data.eval):
-        from guirl.eval import check_env_provider, check_prompt_style
-
-        check_env_provider(cfg)
-        check_prompt_style(cfg)
     placement = plan(cfg, mode)
     # the checkpoint checks the run makes first; "tiny" is built on first use, so it is taken as given here
     if cfg.model.hf_ckpt != TINY:
@@ -125,7 +117,8 @@ EVAL_FLAGS = {
 def cmd_eval(args: argparse.Namespace) -> int:
     import uvloop
 
-    from guirl.eval import EvalError, run_eval
+    from guirl.errors import RunError
+    from guirl.eval import run_eval
     from guirl.log import setup_logging
 
     for flag, path in EVAL_FLAGS.items():  # flags win over the file and the environment
@@ -136,13 +129,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
         args.set.append(f"eval.domains={json.dumps(args.domain)}")
     if args.skip_unsupported:
         args.set.append("eval.skip_unsupported=true")
-    cfg = _load(args)
+    cfg = _load(args, "eval")
     if args.dry_run:
         return _dry_run(cfg, "eval")
     setup_logging("eval", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         summary = uvloop.run(run_eval(cfg))
-    except EvalError as exc:
+    except RunError as exc:
         print(f"guirl eval: {exc}", file=sys.stderr)
         return 1
     if not any(r["status"] == "completed" for r in summary["results"]):
@@ -165,7 +158,7 @@ TRAIN_FLAGS = {
 def cmd_train(args: argparse.Namespace) -> int:
     import uvloop
 
-    from guirl.eval import EvalError
+    from guirl.errors import RunError
     from guirl.log import setup_logging
     from guirl.train import run_train
 
@@ -184,13 +177,13 @@ def cmd_train(args: argparse.Namespace) -> int:
         run_dir = Path(args.resume)
         if args.config is None:  # the run's own resolved configuration (secrets come from the environment)
             args.config = str(run_dir / "config.toml")
-    cfg = _load(args)
+    cfg = _load(args, "train")
     if args.dry_run:
         return _dry_run(cfg, "train")
     setup_logging("train", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         summary = uvloop.run(run_train(cfg, run_dir, resume=run_dir is not None))
-    except EvalError as exc:
+    except RunError as exc:
         print(f"guirl train: {exc}", file=sys.stderr)
         return 1
     return 0 if summary["updates"] else 1
@@ -223,8 +216,10 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_actor(args: argparse.Namespace) -> int:
+    import msgspec
+
     from guirl.log import setup_logging
-    from guirl.runtime.process import ActorSpec, build_actor, run_actor
+    from guirl.runtime.process import ActorSpec, build_actor, check_options, run_actor
 
     cfg = _load(args)
     options = {}
@@ -232,7 +227,7 @@ def cmd_actor(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"guirl actor run: --option needs KEY=VALUE, got {item!r}")
-        options[key] = value
+        options[key] = json.loads(value) if value[:1] in ("{", "[") else value  # a table or a list: JSON
     spec = ActorSpec(
         name=args.name,
         target=args.target,
@@ -241,6 +236,9 @@ def cmd_actor(args: argparse.Namespace) -> int:
         record=args.record,
         run_dir=args.run_dir,
     )
+    typed = check_options(spec, strict=False)  # "3" for a number, "true" for a flag; bad: exit 2 here
+    if typed is not None:
+        spec = msgspec.structs.replace(spec, options=msgspec.to_builtins(typed))
     setup_logging(spec.name, level=cfg.logging.level, fmt=cfg.logging.format)
     actor = build_actor(spec, cfg)
 
@@ -380,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a string keyword argument for the actor class (repeatable)",
+        help="one of the actor's options (its class's Options; a table or list as JSON; repeatable)",
     )
     run.add_argument("--record", action="store_true", help="record the actor's messages")
     run.add_argument("--run-dir", default="", help="where message logs go (default: current directory)")

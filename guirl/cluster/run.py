@@ -22,7 +22,7 @@ from typing import Any, TextIO
 import msgspec
 
 from guirl.cluster.launch import make_launcher
-from guirl.cluster.spec import ClusterFile, ClusterFileError, single_host
+from guirl.cluster.spec import ClusterFile, ClusterFileError, FollowerHost, single_host
 from guirl.config import GuirlConfig
 
 log = logging.getLogger(__name__)
@@ -198,22 +198,19 @@ class ClusterRun:
         learner = self.spec.roles.learner
         if role == "learner" and learner is not None and len(learner.hosts) > 1:
             per_host = learner.gpus_per_host or len(learner.gpus) or 1
-            ranks: list[dict | None] = []
+            ranks: list[FollowerHost | None] = []
             for rank in range(1, per_host * len(learner.hosts)):
                 name = learner.hosts[rank // per_host]
                 ranks.append(
                     None
                     if name == learner.hosts[0]
-                    else {
-                        "host": name,
-                        "spec": msgspec.to_builtins(self.spec.hosts[name]),
-                        "cluster": self.name,
-                        "local_rank": rank % per_host,
-                    }
+                    else FollowerHost(
+                        host=name, spec=self.spec.hosts[name], cluster=self.name, local_rank=rank % per_host
+                    )
                 )
             options = {
                 **spec.options,
-                "follower_hosts": ranks,
+                "follower_hosts": msgspec.to_builtins(ranks),
                 "master_port": self.ports[(learner.hosts[0], "learner.master")],
             }
             spec = msgspec.structs.replace(spec, options=options)

@@ -330,3 +330,16 @@ def single_host(name: str = "guirl", *, workers: int = 1, vms: int = 1, learner:
     )
     check(spec)
     return spec
+
+
+class FollowerHost(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Where a learner rank runs when the learner spans hosts: started through `host`'s launcher."""
+
+    host: str
+    """The cluster host's name."""
+    spec: Host
+    """How to reach it (its launcher, address, Python)."""
+    cluster: str
+    """The cluster's name (the rank's label, for `bin/launch_cluster --down`)."""
+    local_rank: int = 0
+    """Its rank among the learner ranks of that host."""

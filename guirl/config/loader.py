@@ -228,8 +228,11 @@ def load_config(
     *,
     env: Mapping[str, str] | None = None,
     overrides: Sequence[str] = (),
+    mode: str | None = None,
 ) -> GuirlConfig:
-    """Resolve the config: defaults < TOML file at ``path`` < ``env`` (default os.environ) < overrides.
+    """Resolve the config: defaults < TOML file at ``path`` < ``env`` (default os.environ) < overrides,
+    then check the rules between fields (`guirl.config.validate`; with ``mode``, "eval" or "train", also
+    what a run of that mode needs).
 
     ``overrides`` are ``dotted.key=value`` strings (the CLI's ``--set``); a value that parses as a TOML
     value is used as one (``3``, ``true``, ``["in"]``), anything else as a plain string.
@@ -242,13 +245,17 @@ def load_config(
     layer.update(_from_env(os.environ if env is None else env))
     layer.update(_from_overrides(overrides))
     try:
-        return msgspec.convert(_unflatten(layer), GuirlConfig)
+        cfg = msgspec.convert(_unflatten(layer), GuirlConfig)
     except msgspec.ValidationError as exc:
         message = str(exc)
         at = message.rsplit(" - at `$.", 1)[-1].rstrip("`") if " - at `$." in message else ""
         key = at.split("[", 1)[0]
         value, source = layer.get(key, (None, "unknown source"))
         raise ConfigError(_explain(key, value, source, message)) from None
+    from guirl.config.validate import validate
+
+    validate(cfg, mode)
+    return cfg
 
 
 # --------------------------------------------------------------------------- saving

@@ -640,8 +640,6 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Seconds the setup steps of one task may take."""
     progress_interval_s: PosFloat = 1.0
     """Seconds between progress lines."""
-    fault_kill_vm_at_step: int = -1
-    """Fault injection for tests: kill the VM of the first episode at this step (-1 = off)."""
     skip_unsupported: bool = False
     """Leave out, listed as skipped, the tasks that need a setup step, getter or metric guirl lacks (off:
     such a suite is refused before any VM starts)."""
@@ -731,11 +729,18 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ranks: PosInt = 1
     """Data-parallel learner processes (FSDP2 over gloo on CPU, NCCL on GPUs: one per learner GPU). The
     learner actor is rank 0 and starts the others."""
-    fault_kill_prm_at_version: NonNegInt = 0
-    """Fault injection for tests: SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
-    fault_kill_learner_at_version: NonNegInt = 0
-    """Fault injection for tests: SIGKILL the learner once the engines serve this version (0 = off); it
-    restarts from its latest checkpoint, or from the starting weights when it has none."""
+
+
+class FaultsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Single faults injected at a chosen moment, for tests (a seeded schedule of many: `[chaos]`)."""
+
+    kill_vm_at_step: int = -1
+    """Kill the VM of the first episode of an eval run at this step (-1 = off)."""
+    kill_prm_at_version: NonNegInt = 0
+    """SIGKILL the PRM actor once the learner reaches this version (0 = off)."""
+    kill_learner_at_version: NonNegInt = 0
+    """SIGKILL the learner once the engines serve this version (0 = off); it restarts from its latest
+    checkpoint, or from the starting weights when it has none."""
 
 
 class ChaosConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -804,6 +809,8 @@ class GuirlConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Supervised fine-tuning."""
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
     """Fault injection (tests and soaks)."""
+    faults: FaultsConfig = msgspec.field(default_factory=FaultsConfig)
+    """Single faults injected at a chosen moment (tests)."""
 
 
 # OpenClaw-RL's GUI-RL scripts' environment variables, by name -> dotted config path.

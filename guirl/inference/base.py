@@ -8,8 +8,9 @@ such an engine is for evaluation only.
 
 Weights: an engine has a `policy_version` (the learner's version of the weights it serves; -1 for the
 checkpoint it started from) and a `policy_epoch` (the learner lineage that version belongs to, 0 at start;
-see `WeightsPublished.epoch`). `update_weights` is SGLang's weight-group pattern: the learner's rank 0
-and the engines join a process group and the learner broadcasts tensors into it (issue 5 drives it).
+see `WeightsPublished.epoch`). `update_weights` takes them from where the learner says
+(`guirl.messages.weights.WeightSource`): files on disk, or SGLang's weight-group pattern (the learner's
+rank 0 and the engines join a process group and the learner broadcasts tensors into it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from guirl.messages.types import ChatMessage, SamplingParams
+from guirl.messages.weights import WeightSource
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -102,18 +104,22 @@ class Engine(Protocol):
     async def health(self) -> bool:
         """True when the engine can serve (cheap; called on a period by the broker)."""
 
-    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
-        """Take new weights (`spec` says where from: a path, or a weight-group broadcast)."""
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
+        """Take the weights of `version` (of the learner's lineage `epoch`) from `source`: files on disk, or
+        a broadcast over the learner's weight group, in which this engine's first rank is `rank` (the broker
+        assigns them: 1 plus the ranks of the engines before it)."""
 
     async def close(self) -> None:
         """Release the model or the connection."""
 
 
-def took_weights(engine: Any, version: int, spec: dict[str, Any]) -> None:
-    """Record that `engine` serves the weights of `version` (of the learner's lineage `spec["epoch"]`)
-    now: every engine calls it once its update has landed, and nowhere else."""
+def took_weights(engine: Any, version: int, epoch: int) -> None:
+    """Record that `engine` serves the weights of `version` (of the learner's lineage `epoch`) now: every
+    engine calls it once its update has landed, and nowhere else."""
     engine.policy_version = version
-    engine.policy_epoch = int(spec.get("epoch", 0) or 0)
+    engine.policy_epoch = epoch
     engine.weights_intact = True
 
 

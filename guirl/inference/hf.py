@@ -47,7 +47,8 @@ from guirl.inference.base import (
 )
 from guirl.inference.chat import ChatRenderer, RenderedPrompt
 from guirl.messages.types import SamplingParams
-from guirl.weights.broadcast import WeightGroupSpec, WeightGroupTimeout, WeightReceiver
+from guirl.messages.weights import WeightGroupSpec, WeightsFromBroadcast, WeightsFromDisk, WeightSource
+from guirl.weights.broadcast import WeightGroupTimeout, WeightReceiver
 
 log = logging.getLogger(__name__)
 
@@ -220,17 +221,19 @@ class HFEngine:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
         """Load new weights between batches, from one of:
 
-        - `{"path": file_or_dir}`: a safetensors file, or every `*.safetensors` file of a directory;
-        - `{"broadcast": WeightGroupSpec.to_dict(), "rank": r}`: the learner's next broadcast over the
-          weight group, joined as rank `r` on first use and kept open for later updates (rejoined when
-          the spec or rank changes, or after a failure broke the group).
+        - `WeightsFromDisk(path)`: a safetensors file, or every `*.safetensors` file of a directory;
+        - `WeightsFromBroadcast(group)` (guirl's layout): the learner's next broadcast over the weight group,
+          joined as `rank` on first use and kept open for later updates (rejoined when the group or rank
+          changes, or after a failure broke the group).
 
         Either way the state dict must have the model's own parameter names, all of them (a tied lm_head
         may be absent), and the new weights serve from the next batch on at `policy_version = version`
-        (of lineage `spec["epoch"]`).
+        (of lineage `epoch`).
 
         Cancelled while it receives (the broker abandons an update whose sender died), it returns at once
         and the engine serves its current weights: the broadcast is read on a thread of its own, not the
@@ -238,18 +241,22 @@ class HFEngine:
         it. Cancelled while the weights go into the model, it lets them land (moments, on the torch thread)
         and records their version, so the model never holds weights its version does not name."""
         receive: tuple[WeightGroupSpec, int] | None = None
-        if "path" in spec:
-            work: Any = functools.partial(self._load_weights, Path(spec["path"]))
-        elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
-            try:
-                receive = (WeightGroupSpec.from_dict(spec["broadcast"]), spec["rank"])
-            except ValueError as exc:
-                raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
-        else:
-            raise NotImplementedError(
-                f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
-                "{'path': ...} or {'broadcast': WeightGroupSpec dict, 'rank': int}"
-            )
+        match source:
+            case WeightsFromDisk(path=path):
+                work: Any = functools.partial(self._load_weights, Path(path))
+            case WeightsFromBroadcast(group=group) if group.layout == "guirl":
+                receive = (group, rank)
+            case WeightsFromBroadcast(group=group):
+                raise EngineError(
+                    f"engine {self.name}: a broadcast in the {group.layout!r} layout; the hf engine takes "
+                    "guirl's",
+                    retryable=False,
+                )
+            case _:
+                raise NotImplementedError(
+                    f"engine {self.name}: unsupported weight source {source!r}: use WeightsFromDisk or "
+                    "WeightsFromBroadcast"
+                )
         async with self._lock:
             if self._model is None:
                 raise EngineDead(f"engine {self.name} is not started")
@@ -270,7 +277,7 @@ class HFEngine:
                         break  # its own failure: raised below
                 if cancelled:
                     if not landing.cancelled() and landing.exception() is None:
-                        took_weights(self, version, spec)
+                        took_weights(self, version, epoch)
                     raise asyncio.CancelledError
                 landing.result()
             except (OSError, RuntimeError, ValueError) as exc:
@@ -279,7 +286,7 @@ class HFEngine:
                     f"engine {self.name}: weight update failed: {exc}",
                     retryable=isinstance(exc, WeightGroupTimeout),
                 ) from exc
-            took_weights(self, version, spec)
+            took_weights(self, version, epoch)
 
     async def _receive(self, version: int, group: WeightGroupSpec, rank: int) -> dict[str, torch.Tensor]:
         """One broadcast of the learner's, read on a thread of its own (see `update_weights`)."""

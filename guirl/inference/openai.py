@@ -32,6 +32,7 @@ from guirl.inference.base import (
     stamp,
 )
 from guirl.messages.types import ImagePart, TextPart
+from guirl.messages.weights import WeightSource
 
 MAX_RESPONSE_BYTES = 16 * 2**20
 """Largest reply body read from the endpoint (a completion of `max_tokens` is far smaller)."""
@@ -94,7 +95,9 @@ class OpenAIEngine:
             await self._session.close()
             self._session = None
 
-    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
         """Refused: the endpoint's weights are not ours to change."""
         raise EngineError("an OpenAI-compatible endpoint serves its own weights", retryable=False)
 

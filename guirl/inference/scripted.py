@@ -22,6 +22,7 @@ from guirl.agent.imaging import image_size
 from guirl.agent.parse import Coordinates
 from guirl.agent.render import render_response
 from guirl.inference.base import EngineError, GenRequest, GenResult, stamp, took_weights
+from guirl.messages.weights import WeightSource
 
 _TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 ScriptLine = AnyAction | str
@@ -68,9 +69,11 @@ class ScriptedEngine:
         """Always able to serve."""
         return True
 
-    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
         """Record the version (there are no weights)."""
-        took_weights(self, version, spec)
+        took_weights(self, version, epoch)
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -178,7 +181,9 @@ class ScriptedJudgeEngine:
         """Always able to serve."""
         return True
 
-    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
         """A judge is not trained."""
 
     async def close(self) -> None:

@@ -72,6 +72,13 @@ from guirl.inference.sglang_api import (
     wire_ids,
 )
 from guirl.inference.sglang_launch import LaunchSpec, log_tail, spawn_server, stop_server
+from guirl.messages.weights import (
+    SGLangBucket,
+    WeightGroupSpec,
+    WeightsFromBroadcast,
+    WeightsFromDisk,
+    WeightSource,
+)
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +147,7 @@ class SGLangEngine:
         self._slots: asyncio.Semaphore | None = None
         self._renderer: Any = None
         self._executor: ThreadPoolExecutor | None = None
-        self._group: dict[str, Any] | None = None  # the weight group joined (its spec), and our rank in it
+        self._group: tuple[WeightGroupSpec, int] | None = None  # the weight group joined, and our first rank
         self._stale_cache = False  # weights changed, cache not flushed yet: serves nothing until it is
         self._vocab = 2**31
         self._seeds_ignored_logged = False
@@ -351,75 +358,47 @@ class SGLangEngine:
 
     # -- weights ------------------------------------------------------------------------------------
 
-    async def update_weights(self, version: int, spec: dict[str, Any]) -> None:
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
         """Load new weights (the broker has drained this engine), from one of:
 
-        - `{"path": dir}`: `/update_weights_from_disk` (safetensors files in `dir`);
-        - `{"broadcast": WeightGroupSpec dict (layout "sglang"), "rank": first rank, "buckets": [SGLangBucket
-          dicts]}`: join the group (once per group), then receive each bucket while the learner sends it.
+        - `WeightsFromDisk(path)`: `/update_weights_from_disk` (safetensors files in `path`);
+        - `WeightsFromBroadcast(group, buckets)` (SGLang's layout): join the group with ranks from `rank` on
+          (once per group), then receive each bucket of the plan while the learner sends it.
 
-        Afterwards the radix cache is flushed and the engine serves `version`."""
+        Afterwards the radix cache is flushed and the engine serves `version` (of lineage `epoch`)."""
         started = time.monotonic()
         timings: dict[str, float] = {}
-        if "path" in spec:
-            body = {"model_path": str(spec["path"]), "weight_version": str(version), "flush_cache": False}
-            # a load that fails part-way makes SGLang reload the weights it was launched with (or last
-            # loaded from disk), not those it served: no version's, as far as guirl can tell
-            self.weights_intact = False
-            await self._control("/update_weights_from_disk", body, self.request_timeout_s)
-            timings["receive"] = time.monotonic() - started
-        elif isinstance(spec.get("broadcast"), dict) and isinstance(spec.get("rank"), int):
-            group, buckets = self._broadcast_plan(spec)
-            joined = {"group": group.to_dict(), "rank": spec["rank"]}
-            if self._group != joined:
-                await self._leave()
-                body = init_group_body(group, spec["rank"])
-                # a failed join may still have left the name in the server: destroyed before the next group
-                self._group = joined
-                try:
-                    await self._control("/init_weights_update_group", body, group.timeout_s + 30)
-                except BaseException:  # failed, or abandoned (its sender died): the name is freed
-                    await self._leave(CLEANUP_TIMEOUT_S)
-                    raise
-            timings["join"] = time.monotonic() - started
-            try:
-                async with self._update_session():
-                    for bucket in buckets:
-                        body = bucket_body(bucket, group.group_name, version, flattened=self.flattened)
-                        # each bucket overwrites live weights: until the last lands, they are no version's
-                        self.weights_intact = False
-                        await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
-            except BaseException:  # failed or abandoned half-way: the group is out of step, a new one later
-                if not self.weights_intact:
-                    log.warning(
-                        "engine %s: update to version %d did not land whole: it serves nothing until an "
-                        "update does",
-                        self.name,
-                        version,
-                    )
-                await self._leave(CLEANUP_TIMEOUT_S)
-                raise
-            timings["receive"] = time.monotonic() - started - timings["join"]
-        else:
-            raise NotImplementedError(
-                f"engine {self.name}: unsupported weight update (keys {sorted(spec)}): use "
-                "{'path': ...} or {'broadcast': ..., 'rank': ..., 'buckets': [...]}"
-            )
-        took_weights(self, version, spec)  # the server holds these weights now, flushed or not
+        match source:
+            case WeightsFromDisk(path=path):
+                body = {"model_path": path, "weight_version": str(version), "flush_cache": False}
+                # a load that fails part-way makes SGLang reload the weights it was launched with (or last
+                # loaded from disk), not those it served: no version's, as far as guirl can tell
+                self.weights_intact = False
+                await self._control("/update_weights_from_disk", body, self.request_timeout_s)
+                timings["receive"] = time.monotonic() - started
+            case WeightsFromBroadcast(group=group, buckets=buckets):
+                self._check_plan(group, buckets)
+                await self._join(group, rank)
+                timings["join"] = time.monotonic() - started
+                await self._receive(group, buckets, version)
+                timings["receive"] = time.monotonic() - started - timings["join"]
+            case _:
+                raise NotImplementedError(
+                    f"engine {self.name}: unsupported weight source {source!r}: use WeightsFromDisk or "
+                    "WeightsFromBroadcast"
+                )
+        took_weights(self, version, epoch)  # the server holds these weights now, flushed or not
         flushed = time.monotonic()
         self._stale_cache = True  # until a flush succeeds: the radix cache holds KV of the old weights
         await self.flush_cache()
         timings["flush"] = time.monotonic() - flushed
         self.last_update = {k: round(v, 4) for k, v in timings.items()}
 
-    def _broadcast_plan(self, spec: dict[str, Any]) -> tuple[Any, list[Any]]:
-        from guirl.weights.broadcast import SGLangBucket, WeightGroupSpec
+    def _check_plan(self, group: WeightGroupSpec, buckets: list[SGLangBucket]) -> None:
+        from guirl.weights.broadcast import check_dtypes
 
-        try:
-            group = WeightGroupSpec.from_dict(spec["broadcast"])
-            buckets = [SGLangBucket.from_dict(b) for b in spec.get("buckets") or []]
-        except ValueError as exc:
-            raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
         if group.layout != "sglang":
             raise EngineError(
                 f"engine {self.name}: weight group layout {group.layout!r}, not 'sglang'", retryable=False
@@ -428,7 +407,44 @@ class SGLangEngine:
             raise EngineError(
                 f"engine {self.name}: a broadcast update without a bucket plan", retryable=False
             )
-        return group, buckets
+        try:
+            check_dtypes(buckets)
+        except ValueError as exc:
+            raise EngineError(f"engine {self.name}: {exc}", retryable=False) from exc
+
+    async def _join(self, group: WeightGroupSpec, rank: int) -> None:
+        """Join `group` with ranks from `rank` on, unless this server is in it already."""
+        if self._group == (group, rank):
+            return
+        await self._leave()
+        body = init_group_body(group, rank)
+        # a failed join may still have left the name in the server: destroyed before the next group
+        self._group = (group, rank)
+        try:
+            await self._control("/init_weights_update_group", body, group.timeout_s + 30)
+        except BaseException:  # failed, or abandoned (its sender died): the name is freed
+            await self._leave(CLEANUP_TIMEOUT_S)
+            raise
+
+    async def _receive(self, group: WeightGroupSpec, buckets: list[SGLangBucket], version: int) -> None:
+        """Each bucket of the plan, one `/update_weights_from_distributed` request each, in a session."""
+        try:
+            async with self._update_session():
+                for bucket in buckets:
+                    body = bucket_body(bucket, group.group_name, version, flattened=self.flattened)
+                    # each bucket overwrites live weights: until the last lands, they are no version's
+                    self.weights_intact = False
+                    await self._control("/update_weights_from_distributed", body, group.timeout_s + 30)
+        except BaseException:  # failed or abandoned half-way: the group is out of step, a new one later
+            if not self.weights_intact:
+                log.warning(
+                    "engine %s: update to version %d did not land whole: it serves nothing until an "
+                    "update does",
+                    self.name,
+                    version,
+                )
+            await self._leave(CLEANUP_TIMEOUT_S)
+            raise
 
     @contextlib.asynccontextmanager
     async def _update_session(self) -> AsyncIterator[None]:
@@ -477,7 +493,7 @@ class SGLangEngine:
         until it is destroyed."""
         if self._group is None:
             return
-        name = self._group["group"]["group_name"]
+        name = self._group[0].group_name
         self._group = None
         try:
             await self._control("/destroy_weights_update_group", {"group_name": name}, timeout_s)

@@ -27,6 +27,7 @@ import msgspec
 from guirl.inference.base import EngineError, FinishReason, GenRequest, GenResult
 from guirl.inference.openai import data_url
 from guirl.messages.types import ImagePart
+from guirl.messages.weights import SGLangBucket, WeightGroupSpec
 
 FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "abort"}
 
@@ -71,7 +72,7 @@ def generate_body(
     return body
 
 
-def init_group_body(group: Any, rank_offset: int) -> dict[str, Any]:
+def init_group_body(group: WeightGroupSpec, rank_offset: int) -> dict[str, Any]:
     """`/init_weights_update_group`'s body: join the learner's weight group `group` (a `WeightGroupSpec`)
     with this server's ranks from `rank_offset` on (one per TP rank)."""
     return {
@@ -84,11 +85,13 @@ def init_group_body(group: Any, rank_offset: int) -> dict[str, Any]:
     }
 
 
-def bucket_body(bucket: Any, group_name: str, version: int, *, flattened: bool) -> dict[str, Any]:
+def bucket_body(bucket: SGLangBucket, group_name: str, version: int, *, flattened: bool) -> dict[str, Any]:
     """`/update_weights_from_distributed`'s body for one bucket (`SGLangBucket`) of version `version`; the
     cache is flushed once after the last bucket, not per bucket."""
     body = {
-        **bucket.to_dict(),
+        "names": bucket.names,
+        "dtypes": bucket.dtypes,
+        "shapes": bucket.shapes,
         "group_name": group_name,
         "flush_cache": False,
         "weight_version": str(version),

@@ -18,6 +18,7 @@ __all__ = [
     "LossAgg",
     "KLKind",
     "PolicyLossOutput",
+    "aggregate",
     "entropy_from_logits",
     "kl_penalty",
     "masked_mean",
@@ -150,7 +151,7 @@ def policy_loss(
         tis_weight = torch.ones_like(ratio)
         tis_clipped = torch.zeros_like(mask)
 
-    loss = _aggregate(pg_losses, mask, loss_agg, loss_denominator)
+    loss = aggregate(pg_losses, mask, loss_agg, loss_denominator)
 
     with torch.no_grad():
         # Clip "active" = the clipped branch was chosen, so this token's gradient is zero (verl's
@@ -171,20 +172,25 @@ def policy_loss(
     )
 
 
-def _aggregate(pg_losses: Tensor, mask: Tensor, loss_agg: str, denominator: float | None) -> Tensor:
-    """Reduce (B, T) per-token losses to a scalar; `pg_losses` is already zero outside `mask`."""
+def aggregate(x: Tensor, mask: Tensor, loss_agg: LossAgg, denominator: float | None = None) -> Tensor:
+    """Reduce (B, T) per-token values (the policy loss, a KL penalty) to a scalar as `loss_agg` says (see
+    `policy_loss`); positions outside `mask` are selected out first, so nothing there can leak in.
+    `denominator` replaces the token (or sequence) count: the count over the whole global batch when it
+    is split into micro-batches or ranks."""
+    m = mask.bool()
+    x = torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
     if loss_agg == "token-mean":
-        count = mask.sum().clamp(min=1).to(pg_losses.dtype)
-        return pg_losses.sum() / (count if denominator is None else denominator)
-    tokens_per_seq = mask.sum(dim=-1)
+        count = m.sum().clamp(min=1).to(x.dtype)
+        return x.sum() / (count if denominator is None else denominator)
+    tokens_per_seq = m.sum(dim=-1)
     if loss_agg == "seq-mean-token-mean":
-        per_seq = pg_losses.sum(dim=-1) / tokens_per_seq.clamp(min=1).to(pg_losses.dtype)
+        per_seq = x.sum(dim=-1) / tokens_per_seq.clamp(min=1).to(x.dtype)
     elif loss_agg == "seq-mean-token-sum":
-        per_seq = pg_losses.sum(dim=-1)
+        per_seq = x.sum(dim=-1)
     else:
         raise ValueError(f"unknown loss_agg {loss_agg!r}; expected one of {LossAgg.__args__}")
     # An empty sequence has per_seq == 0 and is not counted.
-    seqs = (tokens_per_seq > 0).sum().clamp(min=1).to(pg_losses.dtype)
+    seqs = (tokens_per_seq > 0).sum().clamp(min=1).to(x.dtype)
     return per_seq.sum() / (seqs if denominator is None else denominator)
 
 

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from guirl.inference.chat import ChatRenderer
 from guirl.learner.fsdp import DistInfo, idle_sample, split_for_rank, sum_gradient_reduction
 from guirl.learner.logprobs import token_logprobs
-from guirl.learner.losses import KLKind, LossAgg, kl_penalty, masked_mean, policy_loss
+from guirl.learner.losses import KLKind, LossAgg, aggregate, kl_penalty, masked_mean, policy_loss
 from guirl.learner.samples import Batch, TrainSample, collate, pack_microbatches
 
 __all__ = ["BatchRejected", "train_step"]
@@ -252,7 +252,7 @@ def _micro_step(
     if ref is not None and kl_coef > 0:
         kl = kl_penalty(logprobs, ref, kl_kind)
         kl_mean = masked_mean(kl.detach(), mask)
-        loss = loss + kl_coef * _aggregate(kl, mask, loss_agg, denominator)
+        loss = loss + kl_coef * aggregate(kl, mask, loss_agg, denominator)
     loss.backward()
     n = float(batch.n_response_tokens)
     means = {
@@ -267,18 +267,6 @@ def _micro_step(
         "nll": masked_mean(-old, mask),  # of the responses under the weights before the step (SFT's loss)
     }
     return float(loss.detach()), {k: float(v) * n for k, v in means.items()}
-
-
-def _aggregate(x: torch.Tensor, mask: torch.Tensor, loss_agg: LossAgg, denominator: float) -> torch.Tensor:
-    """Per-token values summed as the policy loss is: over tokens (token-mean) or per-sequence means or
-    sums (the seq modes), divided by the mini-batch's global `denominator`."""
-    x = torch.where(mask, x, torch.zeros_like(x))
-    if loss_agg == "token-mean":
-        return x.sum() / denominator
-    per_seq = x.sum(dim=-1)
-    if loss_agg == "seq-mean-token-mean":
-        per_seq = per_seq / mask.sum(dim=-1).clamp(min=1)
-    return per_seq.sum() / denominator
 
 
 def _shares(parts: list[list[TrainSample]], rank: int, world: int) -> list[list[TrainSample]]:

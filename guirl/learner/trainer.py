@@ -39,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from guirl.cluster.spec import FollowerHost
 from guirl.config.schema import TrainConfig
 from guirl.learner.samples import TrainSample
 from guirl.learner.step import BatchRejected
@@ -472,7 +473,7 @@ def spawn_followers(
     world: int,
     log_dir: Path,
     timeout_s: float = 600.0,
-    remote: list[dict[str, Any] | None] | None = None,
+    remote: list[FollowerHost | None] | None = None,
     master_port: int = 0,
 ) -> tuple[list[Any], dict[str, str], Any]:
     """Start ranks 1..world-1; returns the processes, rank 0's rendezvous (torchrun's variables) and its
@@ -480,7 +481,7 @@ def spawn_followers(
     `log_dir/learner-rank<i>.log`.
 
     Ranks run on this machine, unless `remote[rank - 1]` places one on another cluster host
-    (`{"host": NAME, "spec": Host as a dict, "cluster": NAME, "local_rank": i}`): it is then started through
+    (`guirl.cluster.spec.FollowerHost`): it is then started through
     that host's launcher (ssh / srun) with torchrun's variables pointing at this host's cluster address and
     `master_port`, and stops when its stdin closes (the launcher's connection is its lifeline)."""
     from guirl.net import host_address, listening_store
@@ -523,19 +524,16 @@ def spawn_followers(
 
 
 def _remote_follower(
-    options: dict[str, Any], placed: dict[str, Any], rank: int, world: int, master: str, port: int, out: Any
+    options: dict[str, Any], placed: FollowerHost, rank: int, world: int, master: str, port: int, out: Any
 ) -> Any:
     """Rank `rank` on another host, through its launcher; stdin is its lifeline."""
-    import msgspec as _msgspec
-
     from guirl.cluster.launch import die_with_us, make_launcher
-    from guirl.cluster.spec import Host
 
-    host = _msgspec.convert(placed["spec"], Host)
-    launcher = make_launcher(placed["host"], host, placed["cluster"])
+    host = placed.spec
+    launcher = make_launcher(placed.host, host, placed.cluster)
     variables = {
         "RANK": str(rank),
-        "LOCAL_RANK": str(placed.get("local_rank", 0)),
+        "LOCAL_RANK": str(placed.local_rank),
         "WORLD_SIZE": str(world),
         "MASTER_ADDR": master,
         "MASTER_PORT": str(port),
@@ -546,7 +544,7 @@ def _remote_follower(
         variables["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     python = host.python or sys.executable
     argv = ["env", *[f"{k}={v}" for k, v in variables.items()], python, "-m", "guirl.learner.trainer"]
-    argv.extend(["--cluster", placed["cluster"], "--host", placed["host"]])  # its label, for --down
+    argv.extend(["--cluster", placed.cluster, "--host", placed.host])  # its label, for --down
     return subprocess.Popen(
         launcher.run_argv(argv),
         stdout=out,

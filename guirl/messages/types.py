@@ -14,6 +14,13 @@ import msgspec
 from msgspec import Meta
 
 from guirl.messages.blob import Blob
+from guirl.messages.weights import (  # noqa: F401  (re-exported: part of this module's messages)
+    SGLangBucket,
+    WeightGroupSpec,
+    WeightsFromBroadcast,
+    WeightsFromDisk,
+    WeightSource,
+)
 
 
 def _snake(name: str) -> str:
@@ -468,20 +475,17 @@ class EpisodeRejected(Message):
 
 
 class WeightsPublished(Message):
-    """The learner has new weights at `version` (broadcast over the weight group, or at `path`)."""
+    """The learner has new weights at `version`: to the broker, with the `source` its engines take them
+    from (from disk, or a broadcast over the learner's weight group); to the coordinator, without one."""
 
     version: int
     learner_step: int = 0
-    path: str = ""
     n_tensors: int = 0
     nbytes: int = 0
-    weight_group: dict[str, Any] = {}
-    """Join this weight group (a `WeightGroupSpec` as a dict; engine i takes rank i + 1) to receive the
-    broadcast, instead of loading from `path`."""
-    buckets: list[dict[str, Any]] = []
-    """The `sglang` layout's bucket plan (`SGLangBucket` dicts, in sending order): what each engine asks
-    its server to receive, one `update_weights_from_distributed` request per bucket."""
     epoch: int = 0
     """The learner's lineage: how many times it has restored from a checkpoint (or from the starting
     weights) in this run. A restarted learner goes back to its checkpoint's version and makes new versions
     from there, so version numbers repeat across lineages; (epoch, version) names one set of weights."""
+    source: WeightSource | None = None
+    """Where the engines take the weights from (`guirl.messages.weights`); engine i of the broker takes
+    the ranks of a weight group from 1 plus the ranks of the engines before it."""

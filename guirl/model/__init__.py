@@ -1,1 +1,1 @@
-"""Model checkpoints guirl builds itself (the tiny Qwen3-VL used by tests and demos)."""
+"""Model checkpoints: the tiny Qwen3-VL guirl builds itself (tests, demos), which checkpoint a run loads."""

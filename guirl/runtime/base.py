@@ -50,6 +50,10 @@ class Actor:
     role: ClassVar[str] = ""
     """Its role in a run (`learner`, `broker`, ...): picks its progress deadline
     (`runtime.progress_timeout_by_role`)."""
+    Options: ClassVar[type | None] = None
+    """Its typed options (a msgspec Struct refusing unknown fields), the constructor's second argument: what
+    an `ActorSpec`'s `options` must convert to, checked before the process starts (`check_options`). None:
+    it takes no options."""
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from guirl.config import GuirlConfig
+from guirl.errors import InputError
 from guirl.proc import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,8 @@ class ActorSpec(msgspec.Struct, kw_only=True):
     bind: list[str] = []
     """Mailbox endpoints (`tcp://127.0.0.1:0` binds a random port, reported back when ready)."""
     options: dict[str, Any] = {}
-    """Keyword arguments for the actor class beyond the runtime ones (msgpack-able values)."""
+    """The actor's typed options (its class's `Options`) as msgpack-able values; checked by the supervisor
+    before the process starts (`check_options`)."""
     record: bool = False
     """Record this actor's messages (overrides `recorder.enabled` when True)."""
     run_dir: str = ""
@@ -52,9 +54,51 @@ def resolve_target(target: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
+class ActorOptionsError(InputError):
+    """An actor spec's options do not fit the actor's `Options`: the message names the actor and the key."""
+
+
+def check_options(spec: ActorSpec, *, strict: bool = True) -> Any:
+    """`spec.options` as the actor's typed `Options` (None for an actor that takes none), checked where the
+    spec is made, before any process starts; ActorOptionsError naming the key otherwise. `strict=False`
+    also takes numbers and flags written as strings (a command line's)."""
+    try:
+        cls = resolve_target(spec.target)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ActorOptionsError(f"actor {spec.name}: cannot load {spec.target!r}: {exc}") from None
+    options_type = getattr(cls, "Options", None)
+    if options_type is None:
+        if spec.options:
+            raise ActorOptionsError(
+                f"actor {spec.name} ({spec.target}) takes no options, got {', '.join(sorted(spec.options))}"
+            )
+        return None
+    try:
+        return msgspec.convert(spec.options, options_type, strict=strict)
+    except msgspec.ValidationError as exc:
+        raise ActorOptionsError(f"actor {spec.name} ({spec.target}): {_explain_option(str(exc))}") from None
+
+
+def _explain_option(message: str) -> str:
+    """msgspec's "Object contains unknown field `x` - at `$.a`" / "Expected `int`, got `str` - at `$.a`" as
+    "unknown option a.x" / "option a: expected `int`, got `str`"."""
+    reason, _, at = message.partition(" - at `$")
+    path = at.rstrip("`").lstrip(".")
+    if reason.startswith("Object contains unknown field `"):
+        field = reason.split("`")[1]
+        return f"unknown option {'.'.join(p for p in (path, field) if p)!r}"
+    if reason.startswith("Object missing required field `"):
+        field = reason.split("`")[1]
+        return f"missing option {'.'.join(p for p in (path, field) if p)!r}"
+    reason = reason[:1].lower() + reason[1:]
+    return f"option {path!r}: {reason}" if path else reason
+
+
 def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
-    """Instantiate the actor of `spec` with its slice of the config (and a recorder if asked)."""
+    """Instantiate the actor of `spec` with its typed options and its slice of the config (and a recorder
+    if asked)."""
     cls = resolve_target(spec.target)
+    options = check_options(spec)
     recorder = None
     if spec.record or cfg.recorder.enabled:
         from guirl.msglog import Recorder
@@ -69,9 +113,8 @@ def build_actor(spec: ActorSpec, cfg: GuirlConfig) -> Any:
             directions=tuple(cfg.recorder.directions),
             sockets=tuple(cfg.recorder.sockets),
         )
-    return cls(
-        spec.name, runtime=cfg.runtime, codec=cfg.codec, bind=spec.bind, recorder=recorder, **spec.options
-    )
+    runtime = {"runtime": cfg.runtime, "codec": cfg.codec, "bind": spec.bind, "recorder": recorder}
+    return cls(spec.name, **runtime) if options is None else cls(spec.name, options, **runtime)
 
 
 def actor_main(spec_bytes: bytes, cfg_bytes: bytes, ready_conn: Any, parent_pid: int) -> None:

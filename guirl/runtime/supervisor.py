@@ -21,7 +21,7 @@ import msgspec
 
 from guirl.config import GuirlConfig
 from guirl.runtime.launch import ActorStartError, LocalLauncher
-from guirl.runtime.process import ActorSpec
+from guirl.runtime.process import ActorSpec, check_options
 
 __all__ = ["ActorHandle", "ActorStartError", "Supervisor", "SupervisorEvent"]
 log = logging.getLogger(__name__)
@@ -124,9 +124,11 @@ class Supervisor:
         handle.endpoints = list(info["endpoints"])
 
     async def start(self, spec: ActorSpec) -> ActorHandle:
-        """Start an actor and wait until it is ready; its endpoints are in the returned handle."""
+        """Start an actor and wait until it is ready; its endpoints are in the returned handle. Its options
+        are checked first (`ActorOptionsError` naming the key, before any process starts)."""
         if spec.name in self.actors:
             raise ValueError(f"an actor named {spec.name!r} is already supervised")
+        check_options(spec)
         handle = ActorHandle(spec=spec)
         await self._spawn(handle, spec)
         self.actors[spec.name] = handle

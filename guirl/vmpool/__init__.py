@@ -1,2 +1,2 @@
-"""VM pool: providers (local desktops, cloud VMs), the VM-side server and its client, task setup and
-evaluators. Built in a later issue; the package exists so the layout is fixed from the start."""
+"""VM pool: providers (local desktops, cloud VMs), the VM-side server and its client, OSWorld's task
+setup steps, getters and evaluators (`tasks`), and the pool that leases desktops to an env worker."""

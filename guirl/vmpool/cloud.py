@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import ipaddress
 import json
 import logging
 import os
@@ -47,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from guirl.config.validate import check_cidr
 from guirl.vmpool.provider import ProviderError
 
 log = logging.getLogger(__name__)
@@ -124,22 +124,6 @@ class CloudAPI(Protocol):
     def check_network(self, cidr: str, port: int) -> None:
         """Refuse (CloudError) a security group that opens `port` wider than `cidr`."""
         ...
-
-
-def check_cidr(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
-    """`cidr` as a network, refused unless it is a private range (the VM server is no internet service)."""
-    if not cidr:
-        raise ValueError("cloud.cluster_cidr is required for a cloud provider (e.g. 10.0.0.0/16)")
-    try:
-        net = ipaddress.ip_network(cidr, strict=False)
-    except ValueError as exc:
-        raise ValueError(f"cloud.cluster_cidr {cidr!r} is not an address range: {exc}") from None
-    if not net.is_private or net.prefixlen == 0:
-        raise ValueError(
-            f"cloud.cluster_cidr {cidr!r} would open the VM server (it runs any command it is sent) to the "
-            "internet: give the cluster's private range"
-        )
-    return net
 
 
 def user_data(ttl_s: float) -> str:

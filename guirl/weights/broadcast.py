@@ -19,25 +19,42 @@ not values, means a bucket never splits on dtype and any dtype (bf16, bool) trav
 any backend. A tensor of 1 MiB or more is its own bucket, sent from (and received into) its own storage:
 packing it would only add two copies (measured on gloo, 100 M parameters: packing everything into
 64 MiB buckets delivered 1.2-1.3 GB/s, this 1.6-2.5 GB/s; bench/weights.py).
+
+Where the group meets (`WeightGroupSpec`) and the `sglang` layout's bucket plan (`SGLangBucket`) travel to
+the engines inside a `WeightsFromBroadcast`: they are wire structs of `guirl.messages.weights`, re-exported
+here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import socket
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 import torch
 import torch.distributed as dist
 
+from guirl.messages.weights import SGLangBucket, WeightGroupSpec
 from guirl.net import gloo_group, listening_store
 
-Backend = Literal["gloo", "nccl"]
+__all__ = [
+    "DEFAULT_BUCKET_BYTES",
+    "BroadcastStats",
+    "SGLangBucket",
+    "WeightGroupSpec",
+    "WeightGroupTimeout",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncError",
+    "check_dtypes",
+    "sglang_buckets",
+    "state_digest",
+    "unique_group_name",
+]
 DEFAULT_BUCKET_BYTES = 64 << 20
 _IN_PLACE_BYTES = 1 << 20  # a tensor this large goes alone, without packing (see the module docstring)
 _FORMAT = 1  # bumped when the header changes shape: both sides must run the same guirl
@@ -49,66 +66,6 @@ class WeightSyncError(RuntimeError):
 
 class WeightGroupTimeout(WeightSyncError, TimeoutError):
     """A peer did not show up (`join_timeout_s`) or stopped answering (`timeout_s`); retrying may work."""
-
-
-@dataclass(frozen=True)
-class WeightGroupSpec:
-    """Where and how the learner and the engines meet; travels as a plain dict (`to_dict`/`from_dict`)."""
-
-    host: str
-    """Address of the learner's rank 0, where the group's TCP store listens."""
-    port: int
-    """The store's port (its own: not torchrun's MASTER_PORT)."""
-    world_size: int
-    """1 learner (rank 0) + the number of engines (ranks 1..N)."""
-    group_name: str = "guirl-weights"
-    """Key prefix in the store: two groups on one store do not mix. An SGLang server keeps a group by this
-    name until it is destroyed and refuses to form another one by it, so each group gets its own
-    (`unique_group_name`)."""
-    backend: Backend = "gloo"
-    """`gloo` (CPU tensors; the only one tested here) or `nccl` (CUDA tensors)."""
-    timeout_s: float = 120.0
-    """How long each collective (a tensor's or a bucket's broadcast) may wait for the peers before failing."""
-    join_timeout_s: float = 30.0
-    """How long an engine (rank > 0) may wait to form the group (the learner's store to answer, every
-    member to connect), apart from the transfer: a learner that died before the group formed costs the
-    engines this much, not `timeout_s`. The learner itself waits `timeout_s` for the engines, which join
-    only once the broker has drained them. (NCCL forms its communicator lazily, at the first broadcast:
-    under `nccl` that one waits `timeout_s`.)"""
-    layout: Literal["guirl", "sglang"] = "guirl"
-    """`guirl`: the store keys and wire format of this module (hf engines). `sglang`: SGLang's
-    (`init_custom_process_group`'s key prefixes; no header, the bucket plan travels over HTTP as
-    `update_weights_from_distributed` requests; see `sglang_buckets`)."""
-
-    def __post_init__(self) -> None:
-        if self.world_size < 2:
-            raise ValueError(f"world_size must be >= 2 (the learner and an engine), got {self.world_size}")
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
-        if not 0 < self.port < 65536:
-            raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if self.join_timeout_s <= 0:
-            raise ValueError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
-        if self.layout not in ("guirl", "sglang"):
-            raise ValueError(f"layout must be 'guirl' or 'sglang', got {self.layout!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain types only, so msgpack/JSON/TOML can carry it."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> WeightGroupSpec:
-        """Type-checked (a port given as a string is an error, not a surprise later)."""
-        try:
-            return msgspec.convert(d, cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"bad weight group spec {d!r}: {exc}") from exc
-
-    @property
-    def where(self) -> str:
-        return f"weight group {self.group_name!r} at {self.host}:{self.port}"
 
 
 def unique_group_name() -> str:
@@ -389,37 +346,14 @@ class WeightSender(_Member):
         return flat.numel()
 
 
-@dataclass(frozen=True)
-class SGLangBucket:
-    """One `update_weights_from_distributed` request of the `sglang` layout: the tensors one collective
-    (flattened) or one collective each (per tensor) carries, in order."""
-
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[int]]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"names": self.names, "dtypes": self.dtypes, "shapes": self.shapes}
-
-    @classmethod
-    def from_dict(cls, d: Any) -> SGLangBucket:
-        try:
-            b = msgspec.convert(d, cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"bad weight bucket: {exc}") from exc
-        if not b.names or not len(b.names) == len(b.dtypes) == len(b.shapes):
-            raise ValueError(
-                f"bad weight bucket: {len(b.names)} names, {len(b.dtypes)} dtypes, {len(b.shapes)} shapes"
-            )
-        for dtype, shape in zip(b.dtypes, b.shapes):
-            _dtype(dtype)
-            if any(d < 0 for d in shape):
-                raise ValueError(f"bad weight bucket: negative dimension in {shape}")
-        return b
-
-    @property
-    def nbytes(self) -> int:
-        return sum(_numel(s) * _dtype(d).itemsize for d, s in zip(self.dtypes, self.shapes))
+def check_dtypes(buckets: list[SGLangBucket]) -> None:
+    """ValueError unless every dtype of the plan names a torch dtype (the wire only checks its spelling)."""
+    for bucket in buckets:
+        for name in bucket.dtypes:
+            try:
+                _dtype(name)
+            except WeightSyncError as exc:
+                raise ValueError(f"bad weight bucket: {exc}") from exc
 
 
 def _numel(shape: list[int]) -> int:

@@ -29,6 +29,7 @@ import pytest
 from guirl.inference.base import EngineError, GenRequest
 from guirl.inference.sglang import LaunchSpec, SGLangEngine
 from guirl.messages.types import ChatMessage, ImagePart, SamplingParams, TextPart
+from guirl.messages.weights import WeightsFromBroadcast
 from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.net import free_port
 from guirl.weights.broadcast import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
@@ -214,9 +215,7 @@ def _broadcast(
     async def both():
         sending = asyncio.create_task(asyncio.to_thread(learner))
         try:
-            await engine.update_weights(
-                version, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]}
-            )
+            await engine.update_weights(version, WeightsFromBroadcast(group=spec, buckets=buckets), rank=1)
         finally:
             await asyncio.gather(sending, return_exceptions=True)
             await asyncio.to_thread(sender.close)

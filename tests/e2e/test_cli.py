@@ -158,3 +158,34 @@ def test_actor_run_serves_until_sigterm():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_actor_run_takes_typed_options_and_refuses_a_misspelled_one():
+    base = [*GUIRL, "actor", "run", "guirl.actors.demo:DemoWorker", "--name", "w"]
+    done = subprocess.run(
+        [
+            *base,
+            "--option",
+            "coordinator=tcp://127.0.0.1:1",
+            "--option",
+            "broker=tcp://127.0.0.1:2",
+            "--option",
+            "widht=640",
+        ],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
+    assert (
+        done.returncode == 2
+        and "actor w (guirl.actors.demo:DemoWorker): unknown option 'widht'" in done.stderr
+    )
+    done = subprocess.run(
+        [*base, "--option", "coordinator=tcp://127.0.0.1:1", "--option", "width=wide"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
+    assert done.returncode == 2 and "option 'width': expected `int`, got `str`" in done.stderr

@@ -49,7 +49,7 @@ def _episodes(run_dir: Path) -> list[dict]:
 
 def test_scripted_reference_solutions_score_100_even_with_a_vm_killed(tmp_path):
     out, summary = _eval(
-        tmp_path, "--backend", "scripted", "--max-steps", "15", "--set", "eval.fault_kill_vm_at_step=1"
+        tmp_path, "--backend", "scripted", "--max-steps", "15", "--set", "faults.kill_vm_at_step=1"
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert summary["tasks"] == 6 and summary["accuracy"] == 1.0, summary

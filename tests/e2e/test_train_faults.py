@@ -54,7 +54,7 @@ def test_a_restarted_learner_never_trains_a_sample_of_weights_it_does_not_hold(t
     weights back first, and never trains an episode played by the dead learner's versions 1-2 (they are
     rejected and handed out again): no update ever trains a sample of a version ahead of its own (a lag
     below 0, as this run trained before), and the run still makes its 4 updates."""
-    out = _local_rl(tmp_path, tiny_ckpt, 4, "train.fault_kill_learner_at_version=2")
+    out = _local_rl(tmp_path, tiny_ckpt, 4, "faults.kill_learner_at_version=2")
     assert "fault injection: SIGKILLed the learner" in out.stdout
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     assert json.loads((run_dir / "lineage.json").read_text()) == {"forks": [0, 0]}

@@ -156,7 +156,7 @@ def test_a_prm_killed_mid_run_stalls_nobody(tmp_path, tiny_ckpt):
         "prm.scripted.latency_s=1.5",
         "prm.max_concurrency=1",
         "prm.score_timeout_s=6",
-        "train.fault_kill_prm_at_version=1",
+        "faults.kill_prm_at_version=1",
         updates=3,
     )
     assert "fault injection: SIGKILLed the PRM" in stdout and "actor prm exited" in stdout

@@ -348,7 +348,7 @@ def test_an_actor_pinned_to_cores_runs_only_there():
     """`ActorSpec.cpus` (from `cluster.learner_cpus` / `rollout_cpus`): the process, and what it starts,
     runs on those cores only; a core the machine lacks is a clear error before anything starts."""
     from guirl.errors import InputError
-    from guirl.eval import cpu_set
+    from guirl.roles import cpu_set
 
     cfg = fast_config()
     core = max(os.sched_getaffinity(0))
@@ -364,3 +364,28 @@ def test_an_actor_pinned_to_cores_runs_only_there():
     assert cpu_set([core, core], "cluster.learner_cpus") == [core]
     with pytest.raises(InputError, match=r"cluster.rollout_cpus: core\(s\) \[4096\] not available"):
         cpu_set([4096], "cluster.rollout_cpus")
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"crash_onn": "x"}, "unknown option 'crash_onn'"),  # misspelled
+        ({"crash_on": 3}, "option 'crash_on': expected `str`, got `int`"),  # ill-typed
+    ],
+)
+def test_a_bad_option_is_refused_naming_its_key_before_any_process_starts(options, said):
+    from guirl.runtime.process import ActorOptionsError
+
+    cfg = fast_config()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+
+    async def main():
+        async with Supervisor(cfg) as sup:
+            spec = ActorSpec(name="echo", target=ECHO, bind=["tcp://127.0.0.1:0"], options=options)
+            with pytest.raises(ActorOptionsError) as err:
+                await sup.start(spec)
+            assert str(err.value) == f"actor echo ({ECHO}): {said}"
+            assert sup.actors == {} and sup.history == []
+            assert {p.pid for p in psutil.Process().children(recursive=True)} == before  # nothing spawned
+
+    run(main())

@@ -8,7 +8,7 @@ import json
 import msgspec
 import pytest
 
-from guirl.actors.broker import InferenceBroker
+from guirl.actors.broker import BrokerOptions, InferenceBroker
 from guirl.config.schema import InferenceConfig
 from guirl.inference.openai import OpenAIEngine
 from guirl.inference.scripted import ScriptedEngine
@@ -22,6 +22,7 @@ from guirl.messages.types import (
     TextPart,
     WeightsPublished,
 )
+from guirl.messages.weights import SGLangBucket, WeightGroupSpec, WeightsFromBroadcast, WeightsFromDisk
 from guirl.runtime.errors import RemoteError
 from guirl.testing.fakes import FakeOpenAIServer
 from tests.helpers import client_actor, fast_config, run
@@ -48,7 +49,11 @@ def script_dir(tmp_path):
 async def _with_broker(cfg, engines, body, **inference):
     inf = InferenceConfig(**{"max_wait_ms": 50.0, "health_interval_s": 0.2, **inference})
     broker = InferenceBroker(
-        "broker", inference=inf, engines=engines, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"]
+        "broker",
+        BrokerOptions(inference=inf),
+        engines=engines,
+        runtime=cfg.runtime,
+        bind=["tcp://127.0.0.1:0"],
     )
     task = await broker.start()
     try:
@@ -73,7 +78,7 @@ def test_batches_concurrent_requests_and_tags_versions(script_dir):
         assert broker.counters["batched_requests"] == 8
         assert broker.counters["batches"] <= 3
         # weights: the version a response carries is the engine's
-        ack = await conn.request(WeightsPublished(version=7, path=""))
+        ack = await conn.request(WeightsPublished(version=7, source=WeightsFromDisk(path="")))
         assert ack.ok
         again = await conn.request(_request(9, step=1))
         assert again.policy_version == 7 and "terminate" in again.text
@@ -261,15 +266,15 @@ def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(scri
     """An SGLang server with tp GPUs takes tp ranks of the learner's group: engine i's first rank is 1 plus
     the ranks before it; the bucket plan reaches every engine with the group."""
     cfg = fast_config()
-    seen: dict[str, dict] = {}
+    seen: dict[str, tuple[WeightsFromBroadcast, int]] = {}
 
     class TP(ScriptedEngine):
         def __init__(self, name: str, tp: int) -> None:
             super().__init__(name, script_dir, screen=(1920, 1080))
             self.weight_ranks = tp
 
-        async def update_weights(self, version, spec):
-            seen[self.name] = spec
+        async def update_weights(self, version, source, *, epoch=0, rank=1):
+            seen[self.name] = (source, rank)
             self.policy_version = version
 
         async def health(self):
@@ -277,16 +282,17 @@ def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(scri
 
     down_engines: set[str] = set()
     engines = [TP("a", 2), TP("b", 4), TP("c", 1)]
-    group = {"host": "127.0.0.1", "port": 1234, "world_size": 8, "layout": "sglang"}
-    buckets = [{"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[2, 2]]}]
+    group = WeightGroupSpec(host="127.0.0.1", port=1234, world_size=8, layout="sglang")
+    buckets = [SGLangBucket(names=["w"], dtypes=["bfloat16"], shapes=[[2, 2]])]
+    source = WeightsFromBroadcast(group=group, buckets=buckets)
 
     async def body(broker, conn):
-        await conn.request(WeightsPublished(version=3, weight_group=group, buckets=buckets))
+        await conn.request(WeightsPublished(version=3, source=source))
         return broker.policy_version
 
     assert run(_with_broker(cfg, engines, body)) == 3
-    assert {n: s["rank"] for n, s in seen.items()} == {"a": 1, "b": 3, "c": 7}
-    assert all(s["buckets"] == buckets and s["broadcast"] == group for s in seen.values())
+    assert {n: rank for n, (_, rank) in seen.items()} == {"a": 1, "b": 3, "c": 7}
+    assert all(s == source and s.buckets == buckets and s.group == group for s, _ in seen.values())
 
     # engine b goes down: the broker says 3 live ranks; a group sized for all is refused, one sized for the
     # live engines is joined by them alone (c moves up to rank 3)
@@ -301,16 +307,21 @@ def test_weight_group_ranks_are_offset_by_each_engines_tensor_parallel_size(scri
         stats = await conn.request(StatsRequest())
         assert stats.counters["weights.live_ranks"] == 3
         with pytest.raises(RemoteError, match="healthy engines take 4"):
-            await conn.request(WeightsPublished(version=4, weight_group=group, buckets=buckets))
+            await conn.request(WeightsPublished(version=4, source=source))
         assert not seen
         await conn.request(
-            WeightsPublished(version=4, weight_group={**group, "world_size": 4}, buckets=buckets)
+            WeightsPublished(
+                version=4,
+                source=WeightsFromBroadcast(
+                    group=msgspec.structs.replace(group, world_size=4), buckets=buckets
+                ),
+            )
         )
         return True
 
     engines = [TP("a", 2), TP("b", 4), TP("c", 1)]
     assert run(_with_broker(cfg, engines, down))
-    assert {n: s["rank"] for n, s in seen.items()} == {"a": 1, "c": 3}
+    assert {n: rank for n, (_, rank) in seen.items()} == {"a": 1, "c": 3}
 
 
 def test_judge_sglang_engines_launch_on_the_prm_gpus(tmp_path):
@@ -344,20 +355,22 @@ def test_requests_wait_for_an_update_and_a_half_updated_engine_serves_nothing(sc
     gates: dict[str, asyncio.Event] = {}
 
     class Piecewise(ScriptedEngine):
-        async def update_weights(self, version, spec):
+        async def update_weights(self, version, source, *, epoch=0, rank=1):
             self.weights_intact = False  # the first piece is written
             gates["entered"].set()
             await gates["open"].wait()
-            if spec["path"] == "broken":
+            if source.path == "broken":
                 raise EngineError("piece 2 of 3 failed")
-            took_weights(self, version, spec)
+            took_weights(self, version, epoch)
 
     async def queued(conn) -> int:
         return (await conn.request(StatsRequest())).counters["requests.queued"]
 
     async def body(broker, conn):
         gates.update(entered=asyncio.Event(), open=asyncio.Event())
-        update = asyncio.create_task(conn.request(WeightsPublished(version=1, path="ok")))
+        update = asyncio.create_task(
+            conn.request(WeightsPublished(version=1, source=WeightsFromDisk(path="ok")))
+        )
         await asyncio.wait_for(gates["entered"].wait(), 10)
         request = asyncio.create_task(conn.request(_request(1)))
         while await queued(conn) < 1:  # the broker's own answer: the request waits in its queue
@@ -368,7 +381,9 @@ def test_requests_wait_for_an_update_and_a_half_updated_engine_serves_nothing(sc
         assert isinstance(served, PolicyResponse) and served.policy_version == 1
 
         gates.update(entered=asyncio.Event(), open=asyncio.Event())
-        broken = asyncio.create_task(conn.request(WeightsPublished(version=2, path="broken")))
+        broken = asyncio.create_task(
+            conn.request(WeightsPublished(version=2, source=WeightsFromDisk(path="broken")))
+        )
         await asyncio.wait_for(gates["entered"].wait(), 10)
         gates["open"].set()
         with pytest.raises(RemoteError, match="piece 2 of 3"):
@@ -378,7 +393,9 @@ def test_requests_wait_for_an_update_and_a_half_updated_engine_serves_nothing(sc
         assert refused.value.transient and refused.value.code == "overloaded"
         stats = await conn.request(StatsRequest())
         assert stats.counters["engine.s0.weights_intact"] == 0 and stats.counters["engine.s0.healthy"] == 1
-        await conn.request(WeightsPublished(version=3, path="ok"))  # still takes the next update
+        await conn.request(
+            WeightsPublished(version=3, source=WeightsFromDisk(path="ok"))
+        )  # still takes the next update
         again = await conn.request(_request(3))
         assert isinstance(again, PolicyResponse) and again.policy_version == 3
 

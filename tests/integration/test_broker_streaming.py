@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from guirl.actors.broker import InferenceBroker
+from guirl.actors.broker import BrokerOptions, InferenceBroker
 from guirl.actors.routing import stream_limit
 from guirl.config.schema import InferenceConfig
 from guirl.inference.base import EngineDead, EngineError, GenRequest, GenResult
@@ -31,6 +31,7 @@ from guirl.messages.types import (
     TextPart,
     WeightsPublished,
 )
+from guirl.messages.weights import WeightsFromDisk, WeightSource
 from guirl.runtime.errors import RemoteError
 from guirl.testing.fakes import FakeOpenAIServer
 from tests.helpers import client_actor, fast_config, run
@@ -79,7 +80,9 @@ class StreamEngine:
     async def close(self) -> None:
         pass
 
-    async def update_weights(self, version: int, spec: dict) -> None:
+    async def update_weights(
+        self, version: int, source: WeightSource, *, epoch: int = 0, rank: int = 1
+    ) -> None:
         self.updates.append((version, self.inflight))
         self.policy_version = version
 
@@ -148,7 +151,11 @@ async def _broker(engines: list, **inference) -> AsyncIterator[tuple[InferenceBr
     cfg = fast_config()
     inf = InferenceConfig(**{"max_wait_ms": 0.0, "health_interval_s": 0.1, **inference})
     broker = InferenceBroker(
-        "broker", inference=inf, engines=engines, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"]
+        "broker",
+        BrokerOptions(inference=inf),
+        engines=engines,
+        runtime=cfg.runtime,
+        bind=["tcp://127.0.0.1:0"],
     )
     task = await broker.start()
     try:
@@ -360,7 +367,7 @@ def test_a_weight_update_drains_the_engines_first():
                 order.append((text, reply.policy_version))
 
             async def update() -> None:
-                await conn.request(WeightsPublished(version=1, path="/weights/1"))
+                await conn.request(WeightsPublished(version=1, source=WeightsFromDisk(path="/weights/1")))
                 order.append(("update", 1))
 
             old = [asyncio.create_task(ask("old-a"))]
@@ -415,7 +422,9 @@ def test_a_weight_update_is_not_starved_by_a_steady_load():
             clients = [asyncio.create_task(client(c)) for c in range(8)]
             await _until(lambda: broker.counters["requests.streamed"] >= 40, "the load runs")
             # under load, the update is not starved: it is answered (the deadline only guards a hang)
-            await asyncio.wait_for(conn.request(WeightsPublished(version=1, path="/weights/1")), 20)
+            await asyncio.wait_for(
+                conn.request(WeightsPublished(version=1, source=WeightsFromDisk(path="/weights/1"))), 20
+            )
             acked = True
             served = broker.counters["requests.streamed"]
             await _until(lambda: broker.counters["requests.streamed"] >= served + 40, "served after it")

@@ -28,7 +28,7 @@ from guirl.cluster.launch import (
 from guirl.cluster.run import ClusterRun, control_path
 from guirl.cluster.spec import ClusterFileError, Host, parse_cluster
 from guirl.config import load_config
-from guirl.runtime.process import ActorSpec
+from guirl.runtime.process import ActorOptionsError, ActorSpec
 from guirl.runtime.supervisor import Supervisor
 from tests.helpers import run
 
@@ -175,10 +175,14 @@ def test_an_actor_over_the_command_path(tmp_path):
             await sup.stop("echo")
             ev = await sup.wait_event("stopped", "echo", after=after, timeout=5)
             assert ev.kind == "stopped"
-            bad = ActorSpec(name="bad", target="guirl.actors.echo:NoSuchActor", host="here")
+            # an address the host cannot bind (TEST-NET-1): the actor fails on the host, and says why
+            bad = ActorSpec(name="bad", target=ECHO, bind=["tcp://192.0.2.1:5555"], host="here")
             with pytest.raises(ActorStartError, match="exited with 1 before ready; its log ends") as err:
                 await sup.start(bad)
-            assert "NoSuchActor" in str(err.value)
+            assert "192.0.2.1" in str(err.value)
+            # a target that does not load is refused here, before any command runs
+            with pytest.raises(ActorOptionsError, match="NoSuchActor"):
+                await sup.start(ActorSpec(name="bad2", target="guirl.actors.echo:NoSuchActor", host="here"))
             with pytest.raises(ActorStartError, match="no launcher for host 'mars'"):
                 await sup.start(ActorSpec(name="x", target=ECHO, host="mars"))
 

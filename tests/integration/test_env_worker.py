@@ -7,9 +7,11 @@ import asyncio
 import json
 from pathlib import Path
 
-from guirl.actors.broker import InferenceBroker
+import msgspec
+
+from guirl.actors.broker import BrokerOptions, InferenceBroker
 from guirl.actors.coordinator import Coordinator
-from guirl.actors.env_worker import EnvWorker
+from guirl.actors.env_worker import EnvWorker, EnvWorkerOptions
 from guirl.agent.actions import Wait
 from guirl.agent.parse import parse_response
 from guirl.config.schema import InferenceConfig
@@ -50,7 +52,7 @@ def test_a_slow_policy_keeps_its_vm(tmp_path):
         engine = ScriptedEngine("s0", scripts, screen=(640, 480), latency_s=3 * ttl)
         broker = InferenceBroker(
             "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
+            BrokerOptions(inference=InferenceConfig(max_wait_ms=0.0)),
             engines=[engine],
             runtime=cfg.runtime,
             bind=["tcp://127.0.0.1:0"],
@@ -58,13 +60,18 @@ def test_a_slow_policy_keeps_its_vm(tmp_path):
         coord_task, broker_task = await coord.start(), await broker.start()
         worker = EnvWorker(
             "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 640 * 480},
-            lease_ttl_s=ttl,
-            pool_health_interval_s=ttl / 3,
+            msgspec.convert(
+                dict(
+                    coordinator=coord.endpoints[0],
+                    broker=broker.endpoints[0],
+                    run_dir=str(tmp_path / "run"),
+                    env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+                    agent={"max_pixels": 640 * 480},
+                    lease_ttl_s=ttl,
+                    pool_health_interval_s=ttl / 3,
+                ),
+                EnvWorkerOptions,
+            ),
             runtime=cfg.runtime,
         )
         try:
@@ -117,7 +124,7 @@ def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
         )
         broker = InferenceBroker(
             "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
+            BrokerOptions(inference=InferenceConfig(max_wait_ms=0.0)),
             engines=[HFEngine("hf0", ckpt)],
             runtime=cfg.runtime,
             bind=["tcp://127.0.0.1:0"],
@@ -126,12 +133,17 @@ def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
         tasks = [await a.start() for a in (coord, broker, learner)]
         worker = EnvWorker(
             "worker0",
-            coordinator=coord.endpoints[0],
-            broker=broker.endpoints[0],
-            learner=learner.endpoints[0],
-            run_dir=str(tmp_path / "run"),
-            env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-            agent={"max_pixels": 320 * 240, "max_new_tokens": 16, "temperature": 1.0},
+            msgspec.convert(
+                dict(
+                    coordinator=coord.endpoints[0],
+                    broker=broker.endpoints[0],
+                    learner=learner.endpoints[0],
+                    run_dir=str(tmp_path / "run"),
+                    env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+                    agent={"max_pixels": 320 * 240, "max_new_tokens": 16, "temperature": 1.0},
+                ),
+                EnvWorkerOptions,
+            ),
             runtime=cfg.runtime,
         )
         try:
@@ -224,25 +236,24 @@ async def _one_task(
     )
     broker = InferenceBroker(
         "broker",
-        inference=InferenceConfig(max_wait_ms=0.0),
+        BrokerOptions(inference=InferenceConfig(max_wait_ms=0.0)),
         engines=[engine],
         runtime=cfg.runtime,
         bind=["tcp://127.0.0.1:0"],
     )
     actors = (coord, broker, *(a for a in (learner, prm) if a is not None))
     tasks = [await a.start() for a in actors]
-    worker = worker_cls(
-        "worker0",
-        coordinator=coord.endpoints[0],
-        broker=broker.endpoints[0],
+    options = {
+        "coordinator": coord.endpoints[0],
+        "broker": broker.endpoints[0],
         **({"learner": learner.endpoints[0]} if learner is not None else {}),
         **({"prm": prm.endpoints[0]} if prm is not None else {}),
-        run_dir=str(tmp_path / "run"),
-        env={"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
-        agent={"max_pixels": 320 * 240, **(agent or {})},
-        runtime=cfg.runtime,
+        "run_dir": str(tmp_path / "run"),
+        "env": {"provider": "local", "screen_width": 640, "screen_height": 480, "prewarm_envs": 1},
+        "agent": {"max_pixels": 320 * 240, **(agent or {})},
         **worker_options,
-    )
+    }  # as a spec's options are: converted to the worker's typed options
+    worker = worker_cls("worker0", msgspec.convert(options, worker_cls.Options), runtime=cfg.runtime)
     try:
         return await body(coord, worker, await worker.start())
     finally:

@@ -19,6 +19,7 @@ from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest, Ge
 from guirl.inference.chat import ChatRenderer
 from guirl.inference.hf import HFEngine
 from guirl.messages.types import ChatMessage, ImagePart, SamplingParams, TextPart
+from guirl.messages.weights import SGLangBucket, WeightGroupSpec, WeightsFromBroadcast, WeightsFromDisk
 from guirl.model.tiny import ensure_tiny_checkpoint
 from tests.helpers import run
 
@@ -281,10 +282,14 @@ def test_update_weights_from_path(ckpt: Path, tmp_path: Path) -> None:
             [before] = await engine.generate([req])
             with pytest.raises(NotImplementedError, match="broadcast"):
                 await engine.update_weights(1, {"broadcast": True, "n_tensors": 3})
+            sglang = WeightGroupSpec("127.0.0.1", 1, world_size=2, layout="sglang")
+            plan = [SGLangBucket(names=["w"], dtypes=["float32"], shapes=[[1]])]
+            with pytest.raises(EngineError, match="'sglang' layout"):
+                await engine.update_weights(1, WeightsFromBroadcast(group=sglang, buckets=plan))
             with pytest.raises(EngineError, match="missing") as failed:
-                await engine.update_weights(1, {"path": str(partial)})
+                await engine.update_weights(1, WeightsFromDisk(path=str(partial)))
             assert not failed.value.retryable and engine.policy_version == -1
-            await engine.update_weights(1, {"path": str(tmp_path)})
+            await engine.update_weights(1, WeightsFromDisk(path=str(tmp_path)))
             [after] = await engine.generate([req])
             return before, after, engine.policy_version
         finally:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+import msgspec
 import pytest
 
-from guirl.actors.broker import InferenceBroker
-from guirl.actors.learner import Learner
+from guirl.actors.broker import BrokerOptions, InferenceBroker
+from guirl.actors.learner import Learner, LearnerOptions
 from guirl.config.schema import InferenceConfig
 from guirl.inference.hf import HFEngine
 from guirl.messages import LearnerChannel, PolicyChannel
@@ -65,7 +66,7 @@ def test_one_update_reaches_the_engines(tmp_path, weight_sync):
     async def scenario():
         broker = InferenceBroker(
             "broker",
-            inference=InferenceConfig(max_wait_ms=0.0),
+            BrokerOptions(inference=InferenceConfig(max_wait_ms=0.0)),
             engines=[HFEngine("hf0", ckpt)],
             runtime=cfg.runtime,
             bind=["tcp://127.0.0.1:0"],
@@ -73,12 +74,17 @@ def test_one_update_reaches_the_engines(tmp_path, weight_sync):
         broker_task = await broker.start()
         learner = Learner(
             "learner",
-            train={"lr": 1e-3, "updates": 1, "tis_cap": 2.0, "weight_sync": weight_sync},
-            ckpt=ckpt,
-            run_dir=str(tmp_path / "run"),
-            n_samples=2,
-            batch_size=1,
-            broker=broker.endpoints[0],
+            msgspec.convert(
+                dict(
+                    train={"lr": 1e-3, "updates": 1, "tis_cap": 2.0, "weight_sync": weight_sync},
+                    ckpt=ckpt,
+                    run_dir=str(tmp_path / "run"),
+                    n_samples=2,
+                    batch_size=1,
+                    broker=broker.endpoints[0],
+                ),
+                LearnerOptions,
+            ),
             runtime=cfg.runtime,
             bind=["tcp://127.0.0.1:0"],
         )

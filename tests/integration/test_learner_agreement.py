@@ -36,6 +36,7 @@ from guirl.messages.types import (
     TextPart,
     Trajectory,
 )
+from guirl.messages.weights import WeightsFromDisk
 from guirl.model.tiny import ensure_tiny_checkpoint
 from tests.helpers import run
 from tests.integration.test_hf_engine import png
@@ -291,7 +292,7 @@ def test_update_raises_positive_and_lowers_negative_response_up_to_the_engine(
             save_file(
                 {k: v.contiguous() for k, v in model.state_dict().items()}, str(weights / "model.safetensors")
             )
-            await engine.update_weights(1, {"path": str(weights)})
+            await engine.update_weights(1, WeightsFromDisk(path=str(weights)))
 
             # The engine's own scoring path: the positive response was the greedy one, so the engine
             # (token-in, the same prompt ids and images) generates it again and reports its behaviour

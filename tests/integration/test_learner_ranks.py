@@ -19,7 +19,7 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import load_file
 
-from guirl.actors.learner import Learner
+from guirl.actors.learner import Learner, LearnerOptions
 from guirl.inference.chat import ChatRenderer
 from guirl.messages import LearnerChannel
 from guirl.messages.blob import Blob
@@ -72,12 +72,17 @@ def _groups(ckpt: Path, n_groups: int, first: int = 0) -> list[list[Trajectory]]
 def _learner(ckpt: Path, run_dir: Path, ranks: int, cfg, **train) -> Learner:
     return Learner(
         "learner",
-        train={**TRAIN, **train},
-        ckpt=str(ckpt),
-        run_dir=str(run_dir),
-        n_samples=2,
-        batch_size=1,
-        ranks=ranks,
+        msgspec.convert(
+            dict(
+                train={**TRAIN, **train},
+                ckpt=str(ckpt),
+                run_dir=str(run_dir),
+                n_samples=2,
+                batch_size=1,
+                ranks=ranks,
+            ),
+            LearnerOptions,
+        ),
         runtime=cfg.runtime,
         bind=["tcp://127.0.0.1:0"],
     )
@@ -192,7 +197,7 @@ def test_a_dead_rank_stops_the_learner_with_a_clear_error(tiny: Path, tmp_path: 
     async def scenario() -> None:
         learner = _learner(tiny, tmp_path, 2, cfg)
         task = await learner.start()
-        (rank1,) = learner._followers
+        (rank1,) = learner.rank0.followers
         os.kill(rank1.pid, signal.SIGKILL)
         with pytest.raises(FatalError, match="learner rank 1 exited with code -9"):
             await asyncio.wait_for(task, 60)
@@ -257,7 +262,7 @@ def test_a_foreign_optimizer_state_fails_every_rank_with_one_clear_error(
             await learner.start()
         (error,) = info.value.exceptions
         assert isinstance(error, FatalError) and "keyed by parameter index" in str(error)
-        for proc in learner._followers:  # rank 1 got the same verdict and left
+        for proc in learner.rank0.followers:  # rank 1 got the same verdict and left
             assert await asyncio.to_thread(proc.wait, 60) != 0
 
     run(scenario(), timeout=180)

@@ -9,11 +9,13 @@ import json
 import shutil
 from pathlib import Path
 
+import msgspec
 import torch
 from safetensors.torch import load_file
 
-from guirl.actors.learner import Learner, latest_checkpoint
+from guirl.actors.learner import Learner, LearnerOptions
 from guirl.inference.chat import ChatRenderer
+from guirl.learner.checkpoint import latest_checkpoint
 from guirl.messages import LearnerChannel
 from guirl.messages.types import (
     ChatMessage,
@@ -71,11 +73,10 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
     async def uninterrupted():
         learner = Learner(
             "learner",
-            train=TRAIN,
-            ckpt=str(ckpt),
-            run_dir=str(straight),
-            n_samples=2,
-            batch_size=1,
+            msgspec.convert(
+                dict(train=TRAIN, ckpt=str(ckpt), run_dir=str(straight), n_samples=2, batch_size=1),
+                LearnerOptions,
+            ),
             runtime=cfg.runtime,
             bind=["tcp://127.0.0.1:0"],
         )

@@ -15,6 +15,7 @@ from PIL import Image
 from guirl.inference.base import Engine, EngineDead, EngineError, GenRequest
 from guirl.inference.openai import MAX_RESPONSE_BYTES, OpenAIEngine
 from guirl.messages.types import ChatMessage, ImagePart, SamplingParams, TextPart
+from guirl.messages.weights import WeightsFromDisk
 from guirl.testing.fakes import FakeOpenAIServer
 from tests.helpers import run
 
@@ -262,7 +263,7 @@ def test_prompt_ids_and_weight_updates_refused():
             with pytest.raises(EngineError) as tokens:
                 await engine.generate([_ask("hi"), GenRequest(prompt_ids=[1, 2, 3])])
             with pytest.raises(EngineError) as weights:
-                await engine.update_weights(3, {"path": "/ckpt"})
+                await engine.update_weights(3, WeightsFromDisk(path="/ckpt"))
             return tokens.value, weights.value, len(srv.requests)
 
     tokens, weights, n_received = run(main())

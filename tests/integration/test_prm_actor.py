@@ -7,15 +7,17 @@ import asyncio
 import io
 import json
 
+import msgspec
 import pytest
 from PIL import Image as PILImage
 
-from guirl.actors.broker import InferenceBroker
-from guirl.actors.prm import PRMActor
-from guirl.config.schema import InferenceConfig
+from guirl.actors.broker import BrokerOptions, InferenceBroker, JudgeModel
+from guirl.actors.prm import PRMActor, PRMOptions
+from guirl.config.schema import InferenceConfig, PRMConfig
 from guirl.inference.scripted import ScriptedEngine, scripted_verdict
 from guirl.messages import Blob, LearnerChannel, PRMChannel
 from guirl.messages.types import Ack, Image, StepScore, Transition, WeightsPublished
+from guirl.messages.weights import WeightsFromDisk
 from guirl.runtime.base import Actor
 from guirl.runtime.errors import RemoteError
 from tests.helpers import client_actor, fast_config, run
@@ -72,9 +74,11 @@ async def _stack(cfg, tmp_path, body, *, judge: dict | None, prm: dict):
     (tmp_path / "scripts").mkdir(exist_ok=True)
     broker = InferenceBroker(
         "broker",
-        inference=InferenceConfig(max_wait_ms=5.0, health_interval_s=0.2),
+        BrokerOptions(
+            inference=InferenceConfig(max_wait_ms=5.0, health_interval_s=0.2),
+            judge=msgspec.convert(judge, JudgeModel) if judge is not None else None,
+        ),
         engines=[ScriptedEngine("s0", str(tmp_path / "scripts"), screen=(64, 40))],
-        judge=judge,
         runtime=cfg.runtime,
         bind=["tcp://127.0.0.1:0"],
     )
@@ -82,10 +86,12 @@ async def _stack(cfg, tmp_path, body, *, judge: dict | None, prm: dict):
     tasks = [await broker.start(), await sink.start()]
     actor = PRMActor(
         "prm",
-        broker=broker.endpoints[0],
-        learner=sink.endpoints[0],
-        run_dir=str(tmp_path),
-        prm=prm,
+        PRMOptions(
+            broker=broker.endpoints[0],
+            learner=sink.endpoints[0],
+            run_dir=str(tmp_path),
+            prm=msgspec.convert(prm, PRMConfig),
+        ),
         runtime=cfg.runtime,
         bind=["tcp://127.0.0.1:0"],
     )
@@ -124,7 +130,7 @@ def test_scores_reach_the_learner_and_are_recorded(tmp_path):
         assert broker.models["judge"].slots[0].engine.policy_version == -1
 
     async def conn_broker(broker, prm):
-        return await prm.broker.request(WeightsPublished(version=5, path=""))
+        return await prm.broker.request(WeightsPublished(version=5, source=WeightsFromDisk(path="")))
 
     run(_stack(cfg, tmp_path, body, judge=SCRIPTED, prm={"backend": "scripted", "votes": 2}))
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from guirl.actors.broker import InferenceBroker, make_engines
+from guirl.actors.broker import BrokerOptions, InferenceBroker, make_engines
 from guirl.config.schema import InferenceConfig, SGLangBackendConfig
 from guirl.inference.base import EngineDead, EngineError, GenRequest
 from guirl.inference.hf import HFEngine
@@ -27,6 +27,7 @@ from guirl.inference.openai import error_message
 from guirl.inference.sglang import LaunchSpec, SGLangEngine
 from guirl.messages import PolicyChannel
 from guirl.messages.types import ChatMessage, PolicyRequest, SamplingParams, TextPart
+from guirl.messages.weights import SGLangBucket, WeightsFromBroadcast, WeightsFromDisk
 from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.testing.fakes import FakeSGLangServer
 from guirl.weights.broadcast import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
@@ -63,7 +64,7 @@ def server(shared, ckpt: Path):
             engine = SGLangEngine("restore", ckpt, url=shared.url, request_timeout_s=60)
             await engine.start()
             try:
-                await engine.update_weights(0, {"path": str(ckpt)})
+                await engine.update_weights(0, WeightsFromDisk(path=str(ckpt)))
             finally:
                 await engine.close()
 
@@ -195,10 +196,7 @@ def test_weight_updates_through_the_sglang_routes(
                     sender.send_sglang_bucket(state, b, flattened=flattened)
 
             learner = asyncio.create_task(asyncio.to_thread(send))
-            await engine.update_weights(
-                version,
-                {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]},
-            )
+            await engine.update_weights(version, WeightsFromBroadcast(group=spec, buckets=buckets), rank=1)
             await learner
             assert len(buckets) > 3
             results[version] = (await engine.generate([request]))[0]
@@ -220,7 +218,7 @@ def test_weight_updates_through_the_sglang_routes(
         async def reference(path=path, version=version):
             hf = HFEngine("hf", ckpt)
             await hf.start()
-            await hf.update_weights(version, {"path": str(path)})
+            await hf.update_weights(version, WeightsFromDisk(path=str(path)))
             try:
                 return (await hf.generate([request]))[0]
             finally:
@@ -242,28 +240,21 @@ def test_update_from_disk_and_bad_weight_updates(ckpt: Path, tmp_path: Path, ser
     async def scenario():
         engine = SGLangEngine("sg", ckpt, url=server.url, request_timeout_s=30)
         await engine.start()
-        await engine.update_weights(5, {"path": str(tmp_path)})
+        await engine.update_weights(5, WeightsFromDisk(path=str(tmp_path)))
         assert engine.policy_version == 5 and (await server.state())["weight_version"] == "5"
         with pytest.raises(EngineError, match="update_weights_from_disk"):
-            await engine.update_weights(6, {"path": str(tmp_path / "nowhere")})
+            await engine.update_weights(6, WeightsFromDisk(path=str(tmp_path / "nowhere")))
         assert engine.policy_version == 5
         spec = _group(timeout_s=2)
         with pytest.raises(EngineError, match="init_weights_update_group"):  # no learner shows up
-            await engine.update_weights(
-                6,
-                {
-                    "broadcast": spec.to_dict(),
-                    "rank": 1,
-                    "buckets": [{"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]}],
-                },
-            )
-        with pytest.raises(EngineError, match="bucket"):
-            await engine.update_weights(
-                6, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [{"names": "x"}]}
-            )
+            plan = [SGLangBucket(names=["x"], dtypes=["float32"], shapes=[[1]])]
+            await engine.update_weights(6, WeightsFromBroadcast(group=spec, buckets=plan), rank=1)
+        with pytest.raises(EngineError, match="bucket"):  # spelled as a dtype, but not one torch has
+            plan = [SGLangBucket(names=["x"], dtypes=["float99"], shapes=[[1]])]
+            await engine.update_weights(6, WeightsFromBroadcast(group=spec, buckets=plan), rank=1)
         guirl = WeightGroupSpec(host="127.0.0.1", port=_port(), world_size=2, timeout_s=2)
         with pytest.raises(EngineError, match="layout"):
-            await engine.update_weights(6, {"broadcast": guirl.to_dict(), "rank": 1, "buckets": []})
+            await engine.update_weights(6, WeightsFromBroadcast(group=guirl), rank=1)
         assert engine.policy_version == 5
         await engine.close()
 
@@ -297,9 +288,7 @@ def test_an_update_abandoned_half_way_serves_nothing_until_one_lands_whole(
         slot = EngineSlot(engine, healthy=True)
         assert engine.weights_intact and slot.free
         update = asyncio.create_task(
-            engine.update_weights(
-                7, {"broadcast": spec.to_dict(), "rank": 1, "buckets": [b.to_dict() for b in buckets]}
-            )
+            engine.update_weights(7, WeightsFromBroadcast(group=spec, buckets=buckets), rank=1)
         )
         await asyncio.to_thread(send_two)  # two buckets landed; the engine waits for the third
         update.cancel()
@@ -309,7 +298,7 @@ def test_an_update_abandoned_half_way_serves_nothing_until_one_lands_whole(
         assert len(buckets) > 3 and not engine.weights_intact and engine.policy_version == -1
         assert not slot.free
         save_file(state, str(tmp_path / "model.safetensors"))
-        await engine.update_weights(8, {"path": str(tmp_path)})
+        await engine.update_weights(8, WeightsFromDisk(path=str(tmp_path)))
         assert engine.weights_intact and engine.policy_version == 8 and slot.free
         await engine.close()
 
@@ -443,7 +432,11 @@ def test_launched_servers_killed_one_is_routed_around(ckpt: Path, tmp_path: Path
 
     async def scenario():
         broker = InferenceBroker(
-            "broker", inference=inference, engines=engines, runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"]
+            "broker",
+            BrokerOptions(inference=inference),
+            engines=engines,
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
         )
         task = await broker.start()
         pids = [e.pid for e in engines]

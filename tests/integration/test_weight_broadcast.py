@@ -16,9 +16,11 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
+from guirl.messages.weights import WeightsFromBroadcast
 from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.weights.broadcast import (
     WeightGroupSpec,
@@ -43,7 +45,7 @@ def free_port() -> int:
 
 
 def engine_process(ckpt: str, conn: Connection) -> None:
-    """An `hf` engine in its own process, driven over `conn`: ("update", version, spec) → ("updated",
+    """An `hf` engine in its own process, driven over `conn`: ("update", version, source) → ("updated",
     policy_version, digest of the served weights) or ("error", text); ("stop",) ends it."""
     import asyncio
 
@@ -59,9 +61,9 @@ def engine_process(ckpt: str, conn: Connection) -> None:
                 command = await asyncio.to_thread(conn.recv)
                 if command[0] == "stop":
                     return
-                _, version, spec = command
+                _, version, source = command
                 try:
-                    await engine.update_weights(version, spec)
+                    await engine.update_weights(version, source, rank=1)
                 except Exception as exc:  # reported to the test, which fails on it
                     conn.send(("error", f"{type(exc).__name__}: {exc}"))
                     continue
@@ -87,7 +89,7 @@ def test_broadcast_lands_bit_identical_in_engine_process(ckpt: Path) -> None:
     from safetensors.torch import load_file
 
     spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=30)
-    group = {"broadcast": spec.to_dict(), "rank": 1}
+    group = WeightsFromBroadcast(group=spec)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=engine_process, args=(str(ckpt), child_conn), daemon=True)
@@ -127,7 +129,7 @@ def test_engine_rejects_a_broadcast_of_another_version(ckpt: Path) -> None:
     from safetensors.torch import load_file
 
     spec = WeightGroupSpec("127.0.0.1", free_port(), world_size=2, timeout_s=30)
-    group = {"broadcast": spec.to_dict(), "rank": 1}
+    group = WeightsFromBroadcast(group=spec)
     ctx = mp.get_context("spawn")
     conn, child_conn = ctx.Pipe()
     proc = ctx.Process(target=engine_process, args=(str(ckpt), child_conn), daemon=True)
@@ -172,9 +174,9 @@ def test_sender_without_engines_times_out() -> None:
 
 def test_spec_round_trips_and_validates() -> None:
     spec = WeightGroupSpec("10.0.0.1", 29600, world_size=3, group_name="w", backend="gloo", timeout_s=5.0)
-    assert WeightGroupSpec.from_dict(spec.to_dict()) == spec
-    with pytest.raises(ValueError, match="bad weight group spec"):
-        WeightGroupSpec.from_dict({**spec.to_dict(), "port": "29600"})
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(spec), type=WeightGroupSpec) == spec
+    with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$\.port`"):
+        msgspec.convert({**msgspec.structs.asdict(spec), "port": "29600"}, WeightGroupSpec)
     with pytest.raises(ValueError, match="world_size"):
         WeightGroupSpec("h", 1, world_size=1)
     with pytest.raises(ValueError, match="rank must be in 1..2"):

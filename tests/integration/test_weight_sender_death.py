@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from guirl.actors.broker import InferenceBroker
+from guirl.actors.broker import BrokerOptions, InferenceBroker
 from guirl.config.schema import InferenceConfig
 from guirl.messages import PolicyChannel
 from guirl.messages.types import (
@@ -30,6 +30,7 @@ from guirl.messages.types import (
     TextPart,
     WeightsPublished,
 )
+from guirl.messages.weights import WeightGroupSpec, WeightsFromBroadcast
 from tests.helpers import client_actor, fast_config, run
 
 NEVER_S = 600.0  # the group's transfer timeout (which joining waited for before): far past the deadline
@@ -49,7 +50,7 @@ def _unused_port() -> int:
         return s.getsockname()[1]
 
 
-def learner_process(endpoint: str, group: dict, conn: Connection) -> None:
+def learner_process(endpoint: str, group: WeightGroupSpec, conn: Connection) -> None:
     """Tell the broker to join `group` (which this process never opens), say so on `conn`, and wait for
     the answer, until it is killed."""
     import uvloop
@@ -60,7 +61,9 @@ def learner_process(endpoint: str, group: dict, conn: Connection) -> None:
             broker = learner.connect("broker", endpoint, PolicyChannel)
             await broker.wait_alive(30)
             conn.send("publishing")
-            await broker.request(WeightsPublished(version=1, weight_group=group), timeout=NEVER_S)
+            await broker.request(
+                WeightsPublished(version=1, source=WeightsFromBroadcast(group=group)), timeout=NEVER_S
+            )
 
     uvloop.run(main())
 
@@ -79,20 +82,24 @@ def test_an_update_whose_sender_dies_is_abandoned_and_queued_requests_are_served
     from guirl.inference.hf import HFEngine
 
     cfg = fast_config()
-    group = {
-        "host": "127.0.0.1",
-        "port": _unused_port(),
-        "world_size": 2,
-        "group_name": "guirl-weights-test",
-        "timeout_s": NEVER_S,
-        "join_timeout_s": JOIN_S,
-    }
+    group = WeightGroupSpec(
+        host="127.0.0.1",
+        port=_unused_port(),
+        world_size=2,
+        group_name="guirl-weights-test",
+        timeout_s=NEVER_S,
+        join_timeout_s=JOIN_S,
+    )
 
     async def main() -> None:
         engine = HFEngine("hf0", ckpt)
         inf = InferenceConfig(max_wait_ms=10.0, health_interval_s=0.2)
         broker = InferenceBroker(
-            "broker", inference=inf, engines=[engine], runtime=cfg.runtime, bind=["tcp://127.0.0.1:0"]
+            "broker",
+            BrokerOptions(inference=inf),
+            engines=[engine],
+            runtime=cfg.runtime,
+            bind=["tcp://127.0.0.1:0"],
         )
         task = await broker.start()
         ctx = mp.get_context("spawn")

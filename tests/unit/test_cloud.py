@@ -9,6 +9,7 @@ import time
 import pytest
 
 from guirl.config.schema import CloudConfig
+from guirl.config.validate import check_cidr, check_cloud
 from guirl.vmpool.cli import parse_duration
 from guirl.vmpool.cloud import (
     TAG_CREATED,
@@ -18,13 +19,11 @@ from guirl.vmpool.cloud import (
     CloudProvider,
     Instance,
     TokenBucket,
-    check_cidr,
     reap,
     run_alive,
     user_data,
     write_heartbeat,
 )
-from guirl.vmpool.clouds import check_cloud
 from tests.helpers import run
 
 NOW = 1_800_000_000.0

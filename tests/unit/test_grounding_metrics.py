@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from guirl.actors.dataset_worker import task_id_of
 from guirl.data.metrics import grounding_metrics, grounding_table
 from guirl.data.source import resolve_rows
+from guirl.data.tasks import task_id_of
 from guirl.errors import InputError
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from guirl.learner.losses import entropy_from_logits, kl_penalty, masked_mean, policy_loss
+from guirl.learner.losses import aggregate, entropy_from_logits, kl_penalty, masked_mean, policy_loss
 
 F64 = torch.float64
 
@@ -270,6 +270,30 @@ def test_kl_masked_mean_ignores_padding() -> None:
         padded = masked_mean(kl_penalty(lp, ref, kind), mask)  # type: ignore[arg-type]
         unpadded = kl_penalty(lp[:, :3], ref[:, :3], kind).mean()  # type: ignore[arg-type]
         assert padded.item() == pytest.approx(unpadded.item()), kind
+
+
+@pytest.mark.parametrize(
+    ("loss_agg", "expected", "grad"),
+    [
+        # seq 0: 1 + 2 + 3 = 6 over 3 tokens; seq 1: 4 over 1 token (inf and nan are padding)
+        ("token-mean", 10 / 4, [[1 / 4, 1 / 4, 1 / 4], [1 / 4, 0, 0]]),
+        ("seq-mean-token-mean", (6 / 3 + 4 / 1) / 2, [[1 / 6, 1 / 6, 1 / 6], [1 / 2, 0, 0]]),
+        ("seq-mean-token-sum", (6 + 4) / 2, [[1 / 2, 1 / 2, 1 / 2], [1 / 2, 0, 0]]),
+    ],
+)
+def test_aggregate_by_hand_ignores_padding(loss_agg: str, expected: float, grad: list[list[float]]) -> None:
+    """The one aggregation of per-token values, for the policy loss and the KL penalty alike (a KL value
+    at a padded position is anything: it must not reach the loss or a gradient)."""
+    x = torch.tensor([[1.0, 2.0, 3.0], [4.0, math.inf, math.nan]], dtype=F64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    out = aggregate(x, mask, loss_agg)  # type: ignore[arg-type]
+    out.backward()
+    assert out.item() == pytest.approx(expected)
+    assert x.grad is not None and torch.allclose(x.grad, torch.tensor(grad, dtype=F64))
+    # a denominator (the global batch's count) replaces the count
+    count = 4 if loss_agg == "token-mean" else 2
+    with_denominator = aggregate(x.detach(), mask, loss_agg, 8.0)  # type: ignore[arg-type]
+    assert with_denominator.item() == pytest.approx(expected * count / 8)
 
 
 def test_unknown_kl_kind_is_refused() -> None:

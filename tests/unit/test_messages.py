@@ -62,6 +62,7 @@ from guirl.messages.types import (
     WeightsPublished,
     WorkRequest,
 )
+from guirl.messages.weights import WeightsFromDisk
 
 IDS = IdGen()
 
@@ -168,7 +169,9 @@ EXAMPLES: dict[type, Message] = {
         steps=[step_sample(0), step_sample(1)],
         domain="chrome",
     ),
-    WeightsPublished: WeightsPublished(version=6, learner_step=60, path="/ckpt/6", n_tensors=3, nbytes=1024),
+    WeightsPublished: WeightsPublished(
+        version=6, learner_step=60, n_tensors=3, nbytes=1024, source=WeightsFromDisk(path="/ckpt/6")
+    ),
     LearnerResumed: LearnerResumed(version=4, trained_groups=["t@0", "t@1"]),
     EpisodeRejected: EpisodeRejected(
         episode_id="e9", group_id="t@2", sample_index=1, task_id="t", reason="version 3 of epoch 0"

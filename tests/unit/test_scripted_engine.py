@@ -13,6 +13,7 @@ from guirl.agent.actions import Click, Done, DragTo, Fail, Hotkey, MoveTo, TypeT
 from guirl.agent.parse import parse_response
 from guirl.inference.base import Engine, EngineError, GenRequest
 from guirl.inference.scripted import ScriptedEngine
+from guirl.messages.weights import WeightsFromDisk
 from tests.helpers import run
 
 SCREEN = (1920, 1080)
@@ -101,7 +102,7 @@ def test_batch_results_in_order_and_stamped(script_dir):
     assert all(r.finish_reason == "stop" and r.engine == "scripted-1" for r in results)
     # One simulated delay for the whole batch (uvloop's millisecond timers may wake a little early).
     assert all(r.latency_s >= 0.008 and r.response_ids is None for r in results)
-    run(engine.update_weights(7, {}))
+    run(engine.update_weights(7, WeightsFromDisk(path="")))
     assert run(engine.generate([GenRequest(task_id="typed")]))[0].policy_version == 7
     assert run(engine.health())
 

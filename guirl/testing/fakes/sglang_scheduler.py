@@ -27,6 +27,8 @@ from typing import Any
 
 import msgspec
 
+from guirl.messages.weights import WeightsFromDisk
+
 log = logging.getLogger(__name__)
 
 
@@ -369,7 +371,7 @@ class ModelBackend:
         await self.engine.load_tensors(named)
 
     async def load_path(self, path: str) -> None:
-        await self.engine.update_weights(self.engine.policy_version, {"path": path})
+        await self.engine.update_weights(self.engine.policy_version, WeightsFromDisk(path=path))
 
     async def close(self) -> None:
         if self._batcher is not None:

@@ -1,0 +1,105 @@
+"""Every rule between config fields, in one place: `load_config(mode=...)`, `--dry-run`, `guirl eval` and
+`guirl train` all run `validate`, so they cannot disagree about what a run may be given.
+
+`validate(cfg)` checks what holds for any use of a config (printing it too); `validate(cfg, "eval")` and
+`validate(cfg, "train")` add what a run of that mode needs before anything starts (a cloud's settings,
+the backend a training run needs...). Each failure is an `InputError` naming the keys to set.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from guirl.config.schema import GuirlConfig
+from guirl.errors import InputError
+
+CLOUDS = ("aws", "volcengine", "aliyun")
+CLOUD_REQUIRED = {
+    "aws": ("image_id", "subnet_id", "security_group_id"),
+    "volcengine": ("access_key", "secret_key", "image_id", "subnet_id", "security_group_id"),
+    "aliyun": ("access_key_id", "access_key_secret", "image_id", "vswitch_id", "security_group_id"),
+}
+"""The `[cloud.<provider>]` settings each cloud provider cannot start a VM without."""
+
+
+def validate(cfg: GuirlConfig, mode: str | None = None) -> None:
+    """Check `cfg`'s cross-field rules (those of `mode`, "eval" or "train", too); InputError otherwise."""
+    if mode not in (None, "eval", "train"):
+        raise ValueError(f"mode must be None, 'eval' or 'train', got {mode!r}")
+    check_chaos(cfg)
+    if mode is None:
+        return
+    desktops = not (cfg.data.eval if mode == "eval" else cfg.data.train or cfg.data.eval)
+    if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
+        check_cloud(cfg.env.provider, cfg.cloud)
+        check_prompt_style(cfg)
+    if mode == "train":
+        check_train(cfg)
+
+
+def check_chaos(cfg: GuirlConfig) -> None:
+    """Busy faults are `HoldGil` messages, refused unless fault injection is on."""
+    if cfg.chaos.seed and cfg.chaos.busy and not cfg.runtime.fault_injection:
+        raise InputError("chaos.busy faults make actors hold the GIL: set runtime.fault_injection = true")
+
+
+def check_cidr(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """`cidr` as a network, refused unless it is a private range (the VM server is no internet service)."""
+    if not cidr:
+        raise InputError("cloud.cluster_cidr is required for a cloud provider (e.g. 10.0.0.0/16)")
+    try:
+        net = ipaddress.ip_network(cidr, strict=False)
+    except ValueError as exc:
+        raise InputError(f"cloud.cluster_cidr {cidr!r} is not an address range: {exc}") from None
+    if not net.is_private or net.prefixlen == 0:
+        raise InputError(
+            f"cloud.cluster_cidr {cidr!r} would open the VM server (it runs any command it is sent) to the "
+            "internet: give the cluster's private range"
+        )
+    return net
+
+
+def check_cloud(provider: str, cloud: object) -> None:
+    """The settings a cloud provider needs (and a private `cloud.cluster_cidr`); nothing for `local`."""
+    if provider == "local":
+        return
+    if provider not in CLOUDS:
+        raise InputError(f"env.provider = {provider!r}: not a cloud (one of {', '.join(CLOUDS)})")
+    check_cidr(cloud.cluster_cidr)  # type: ignore[attr-defined]
+    section = getattr(cloud, provider)
+    missing = [f"cloud.{provider}.{k}" for k in CLOUD_REQUIRED[provider] if not getattr(section, k)]
+    if missing:
+        raise InputError(f"env.provider = {provider!r} needs {', '.join(missing)}")
+
+
+def check_prompt_style(cfg: GuirlConfig) -> None:
+    """`agent.prompt_style = "gui-rl"` can be honoured: it is a computer-use prompt whose tools block the
+    checkpoint's own template renders, which an OpenAI-compatible server does not."""
+    if cfg.agent.prompt_style != "gui-rl":
+        return
+    if cfg.agent.response_format != "computer_use":
+        raise InputError('agent.prompt_style = "gui-rl" needs agent.response_format = "computer_use"')
+    if cfg.inference.backend == "openai":
+        raise InputError(
+            'agent.prompt_style = "gui-rl" needs inference.backend "hf" or "sglang": an OpenAI-compatible '
+            "server rewrites the tools block that GUI-RL's prompt has the chat template render"
+        )
+
+
+def check_train(cfg: GuirlConfig) -> None:
+    """The settings a train run needs."""
+    t = cfg.train
+    if cfg.inference.backend not in ("hf", "sglang"):
+        raise InputError(
+            f"inference.backend={cfg.inference.backend!r}: training needs the engine's token ids and "
+            'log-probs; use "hf" or "sglang"'
+        )
+    if not t.updates:
+        raise InputError("train.updates must be set (> 0): the number of policy updates to make")
+    if t.advantage == "step_wise" and not cfg.prm.enabled:
+        raise InputError('train.advantage = "step_wise" needs PRM scores: set prm.enabled = true')
+    if cfg.data.train:  # GUI-R1 mode
+        if t.advantage == "step_wise":
+            raise InputError('train.advantage = "step_wise" is for desktop episodes; GUI-R1 mode is "grpo"')
+        if t.eval_every and not cfg.data.eval:
+            raise InputError("train.eval_every in GUI-R1 mode needs data.eval (held-out rows)")

@@ -1,0 +1,1 @@
+"""Tools for guirl's developers: `python -m guirl.devtools.layers` checks the package graph."""

@@ -1,0 +1,62 @@
+"""Every rule between config fields lives in `guirl.config.validate`, and `load_config(mode=...)`, the
+drivers and `--dry-run` apply the same ones: each rule is tried here through `load_config`, as a user
+meets it."""
+
+import pytest
+
+from guirl.config import load_config
+from guirl.config.validate import validate
+from guirl.errors import InputError
+
+TRAINABLE = ["inference.backend=hf", "train.updates=2"]
+
+
+def _load(*overrides: str, mode: str | None = None):
+    return load_config(None, env={}, overrides=list(overrides), mode=mode)
+
+
+@pytest.mark.parametrize(
+    ("mode", "overrides", "said"),
+    [
+        (None, ["chaos.seed=3", "chaos.busy=2"], "set runtime.fault_injection = true"),
+        ("eval", ["agent.prompt_style=gui-rl", "agent.response_format=gui_r1"], "agent.response_format"),
+        (
+            "eval",
+            ["agent.prompt_style=gui-rl", "agent.response_format=computer_use", "inference.backend=openai"],
+            'needs inference.backend "hf" or "sglang"',
+        ),
+        ("eval", ["env.provider=aws"], "cloud.cluster_cidr is required"),
+        ("eval", ["env.provider=aws", "cloud.cluster_cidr=0.0.0.0/0"], "would open the VM server"),
+        ("eval", ["env.provider=aws", "cloud.cluster_cidr=10.0.0.0/16"], "needs cloud.aws.image_id"),
+        ("train", ["inference.backend=scripted", "train.updates=2"], "training needs the engine's token ids"),
+        ("train", ["inference.backend=hf"], "train.updates must be set"),
+        ("train", [*TRAINABLE, "train.advantage=step_wise"], "needs PRM scores"),
+        (
+            "train",
+            [*TRAINABLE, "data.train=rows.jsonl", "prm.enabled=true", "train.advantage=step_wise"],
+            'GUI-R1 mode is "grpo"',
+        ),
+        ("train", [*TRAINABLE, "data.train=rows.jsonl", "train.eval_every=1"], "needs data.eval"),
+    ],
+)
+def test_each_rule_refuses_with_the_keys_to_set(mode, overrides, said):
+    with pytest.raises(InputError) as err:
+        _load(*overrides, mode=mode)
+    assert said in str(err.value)
+
+
+def test_a_mode_rule_waits_for_its_mode():
+    # a config can be loaded (and printed) before its cloud settings or train budget are given
+    cfg = _load("env.provider=aws", "inference.backend=scripted")
+    validate(cfg)
+    with pytest.raises(InputError):
+        validate(cfg, "eval")
+    # GUI-R1 mode plays rows, not desktops: no cloud is needed for them
+    validate(_load("env.provider=aws", "data.eval=rows.jsonl"), "eval")
+    # a train run in GUI-R1 mode whose evaluations have their rows
+    validate(_load(*TRAINABLE, "data.train=a.jsonl", "data.eval=b.jsonl", "train.eval_every=1"), "train")
+
+
+def test_an_unknown_mode_is_a_programming_error():
+    with pytest.raises(ValueError, match="mode must be"):
+        validate(_load(), "evaluate")
