@@ -25,11 +25,9 @@ from guirl.config.schema import (
     PRMConfig,
     SGLangBackendConfig,
 )
-from guirl.errors import InputError
+from guirl.config.validate import PlacementError, check_gpus, on_cuda, uses_gpus
 
-
-class PlacementError(InputError):
-    """The GPU layout cannot work; the message names the values and the variables that set them."""
+__all__ = ["EnginePlacement", "Placement", "PlacementError", "apply", "plan", "uses_gpus", "vm_split"]
 
 
 @dataclass(frozen=True)
@@ -89,28 +87,6 @@ class Placement:
 # --------------------------------------------------------------------------- planning
 
 
-def _on_cuda(hf: HFBackendConfig) -> bool:
-    return hf.device.startswith("cuda")
-
-
-def _judge_on_gpus(cfg: GuirlConfig) -> bool:
-    """The PRM's judge wants GPUs of its own (a launched SGLang server, or transformers on CUDA)."""
-    p = cfg.prm
-    return (p.backend == "sglang" and not p.sglang.urls) or (p.backend == "hf" and _on_cuda(p.hf))
-
-
-def uses_gpus(cfg: GuirlConfig, mode: Literal["train", "eval"]) -> bool:
-    """Whether a run of `cfg` in `mode` puts anything on a GPU (or attaches to SGLang servers)."""
-    inf = cfg.inference
-    if inf.backend == "sglang" or (inf.backend == "hf" and _on_cuda(inf.hf)):
-        return True
-    if mode != "train":
-        return False
-    p = cfg.prm
-    judge = p.enabled and (p.backend == "sglang" or (p.backend == "hf" and _on_cuda(p.hf)))
-    return judge or cfg.train.device == "cuda"
-
-
 def _visible(num_gpus: int, visible: str | None) -> tuple[str, ...]:
     """The first NUM_GPUS ids of CUDA_VISIBLE_DEVICES (the `visible` argument stands in for it), else
     0..NUM_GPUS-1."""
@@ -165,7 +141,7 @@ def _engines(
             )
             for i in range(len(gpus) // tp)
         )
-    if backend == "hf" and _on_cuda(hf):
+    if backend == "hf" and on_cuda(hf):
         return tuple(
             EnginePlacement(f"{prefix}hf{i}", (g,), (first_ordinal + i,)) for i, g in enumerate(gpus)
         )
@@ -183,6 +159,7 @@ def plan(cfg: GuirlConfig, mode: Literal["train", "eval"], *, visible: str | Non
     """
     if not uses_gpus(cfg, mode):
         return Placement(mode=mode, uses_gpus=False)
+    check_gpus(cfg, mode)  # the rules between the GPU settings (`guirl.config.validate`)
     c, inf, p = cfg.cluster, cfg.inference, cfg.prm
     ids = _visible(c.num_gpus, visible)
     notes: list[str] = []
@@ -190,34 +167,8 @@ def plan(cfg: GuirlConfig, mode: Literal["train", "eval"], *, visible: str | Non
     judge: tuple[EnginePlacement, ...] = ()
     if mode == "train":
         learner_on_gpu = cfg.train.device != "cpu"
-        if c.actor_gpus < 1 and learner_on_gpu:
-            raise PlacementError(
-                "ACTOR_GPUS is 0, but train mode needs at least one GPU for the learner "
-                '(ACTOR_GPUS=0 is the eval layout; train.device = "cpu" keeps the learner off the GPUs)'
-            )
-        total = c.actor_gpus + c.rollout_gpus + c.prm_gpus
-        if total != c.num_gpus:
-            raise PlacementError(
-                f"ACTOR_GPUS ({c.actor_gpus}) + ROLLOUT_GPUS ({c.rollout_gpus}) + PRM_GPUS ({c.prm_gpus}) "
-                f"= {total}, but NUM_GPUS is {c.num_gpus}: they must add up"
-            )
-        if c.prm_gpus and not p.enabled:
-            raise PlacementError(
-                f"PRM_GPUS is {c.prm_gpus}, but the PRM is off (prm.enabled = false): set PRM_GPUS=0 "
-                "or enable the PRM"
-            )
-        if p.enabled and _judge_on_gpus(cfg) and not c.prm_gpus:
-            raise PlacementError(
-                f'PRM_GPUS is 0, but the PRM\'s judge (prm.backend = "{p.backend}") runs on GPUs of its own: '
-                "give it PRM_GPUS (and take them from ACTOR_GPUS or ROLLOUT_GPUS)"
-            )
         actor_ids = ids[: c.actor_gpus]
         if learner_on_gpu:
-            if cfg.train.ranks != c.actor_gpus:
-                raise PlacementError(
-                    f"train.ranks ({cfg.train.ranks}) must equal ACTOR_GPUS ({c.actor_gpus}): the learner "
-                    "runs one FSDP2 rank per actor GPU"
-                )
             learner = actor_ids
         elif actor_ids:
             notes.append(

@@ -1,7 +1,7 @@
 """The roles of a run, one named constructor each: what every actor is given (`broker_spec`, `worker_specs`,
 `learner_spec`, `prm_spec`, `coordinator`), and `RunActors`, which starts them on the run's cluster and
-stops them together. `guirl eval`, `guirl train`, `bin/launch_cluster` and the benchmarks all build their
-actors here, so every mode gives a role the same slice of the config.
+stops them together. `guirl eval` and `guirl train` (on one machine or from `bin/launch_cluster`) build
+their actors here, so every mode gives a role the same slice of the config.
 
 Each spec's options are the role's typed options (`Options` on the actor class), checked again by the
 supervisor before any process starts.
@@ -47,11 +47,11 @@ def broker_spec(
     """The inference broker (eval and train modes alike); with `judge_ckpt`, it also serves the PRM's judge
     under `prm.model_name`; with `placement` (`guirl.placement.Placement`), its engines go on the planned
     GPUs."""
-    from guirl.actors.broker import BrokerOptions, EnginePlacement, JudgeModel
+    from guirl.actors.broker import BrokerGpus, BrokerOptions, JudgeModel
 
-    placed = EnginePlacement()
+    placed = BrokerGpus()
     if placement is not None and placement.uses_gpus:
-        placed = EnginePlacement(
+        placed = BrokerGpus(
             rollout_gpus=[list(e.gpus) for e in placement.rollout],
             rollout_devices=[f"cuda:{e.ordinals[0]}" if e.ordinals else "" for e in placement.rollout],
             judge_gpus=[list(e.gpus) for e in placement.judge],
@@ -315,8 +315,10 @@ class RunActors:
 
     async def __aexit__(self, *exc: Any) -> None:
         try:
-            await self.cluster.close()
-            await self.sup.__aexit__(*exc)
+            try:
+                await self.cluster.close()
+            finally:
+                await self.sup.__aexit__(*exc)
         finally:
             await self._stop_coordinator()
 
@@ -326,27 +328,42 @@ class RunActors:
             await self._coord_task
 
     async def start(self, spec: ActorSpec) -> str:
-        """Start `spec` on the host the cluster gives its role (the spec's name: broker, learner, prm) and
-        return its endpoint; RunError naming it if it does not start."""
-        try:
-            handle = await self.sup.start(self.cluster.place(spec, spec.name))
-        except Exception as exc:
-            raise RunError(f"the {spec.name} did not start: {exc}; see its log above") from exc
+        """Start `spec` on the host the cluster gives its role (broker, learner, prm) and return its
+        endpoint; RunError naming it if it does not start."""
+        handle = await self._start(self.cluster.place(spec, spec.name))
         return handle.endpoints[0]
 
+    async def _start(self, spec: ActorSpec) -> Any:
+        try:
+            return await self.sup.start(spec)
+        except Exception as exc:
+            raise RunError(f"the {spec.name} did not start: {exc}; see its log above") from exc
+
     async def start_workers(
-        self, make_worker: Callable[..., ActorSpec], prewarm: list[int] | None = None
+        self,
+        make_worker: Callable[..., ActorSpec],
+        prewarm: list[int] | None = None,
+        *,
+        together: bool = True,
     ) -> None:
-        """One env worker per cluster slot, started together; RunError naming the first that did not start."""
+        """One env worker per cluster slot: started together (eval: RunError naming the first that did not
+        start), or one after another (train: each ready before the next starts)."""
+        self.make_worker = make_worker
+        specs = [
+            self.cluster.on_host(make_worker(i, vms, prewarm[i] if prewarm else 0), host)
+            for i, (host, vms) in enumerate(self.cluster.slots)
+        ]
+        if not together:
+            for spec in specs:
+                await self._start(spec)
+            return
         try:
             async with asyncio.TaskGroup() as tg:
-                for i, (host, vms) in enumerate(self.cluster.slots):
-                    spec = make_worker(i, vms, prewarm[i] if prewarm else 0)
-                    tg.create_task(self.sup.start(self.cluster.on_host(spec, host)))
+                for spec in specs:
+                    tg.create_task(self.sup.start(spec))
         except* Exception as group:  # say which worker and why, not a traceback of the task group
             first = group.exceptions[0]
             raise RunError(f"an env worker did not start: {first}; see its log above") from first
-        self.make_worker = make_worker
 
     async def follow(self, follow: Callable[[Any], Any], out: TextIO, *, watch: dict[str, str]) -> None:
         """Serve the cluster's control socket and write `status.json` (asking the actors in `watch`, role ->

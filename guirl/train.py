@@ -110,7 +110,7 @@ async def _train(
         prm = await run.start(roles.prm_spec(cfg, run_dir, broker, learner)) if cfg.prm.enabled else ""
         print(f"[train] broker{', PRM' if prm else ''} and learner up", file=out)
         peers = roles.Peers(coordinator=coord.endpoints[0], broker=broker, learner=learner, prm=prm)
-        await run.start_workers(roles.worker_specs(cfg, run_dir, peers, mode="train"))
+        await run.start_workers(roles.worker_specs(cfg, run_dir, peers, mode="train"), together=False)
         print(
             f"[train] {cfg.eval.workers} env worker(s), {sum(n for _, n in cluster.slots)} VMs up", file=out
         )

@@ -245,7 +245,7 @@ class JudgeModel(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_field
     """Its checkpoint ("" for the scripted judge or an OpenAI-compatible one named in `prm.openai`)."""
 
 
-class EnginePlacement(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+class BrokerGpus(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Where the engines go (`guirl.placement`): GPU ids per launched server, torch devices of hf engines;
     None: wherever the backend's defaults put them."""
 
@@ -268,7 +268,7 @@ class BrokerOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """The model name the policy is served under."""
     judge: JudgeModel | None = None
     """Also serve the PRM's judge."""
-    placement: EnginePlacement = msgspec.field(default_factory=EnginePlacement)
+    placement: BrokerGpus = msgspec.field(default_factory=BrokerGpus)
     log_dir: str = ""
     """Where launched servers write their logs."""
 

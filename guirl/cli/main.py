@@ -218,6 +218,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_actor(args: argparse.Namespace) -> int:
     import msgspec
 
+    from guirl.errors import InputError
     from guirl.log import setup_logging
     from guirl.runtime.process import ActorSpec, build_actor, check_options, run_actor
 
@@ -227,7 +228,10 @@ def cmd_actor(args: argparse.Namespace) -> int:
         key, sep, value = item.partition("=")
         if not sep:
             raise SystemExit(f"guirl actor run: --option needs KEY=VALUE, got {item!r}")
-        options[key] = json.loads(value) if value[:1] in ("{", "[") else value  # a table or a list: JSON
+        try:  # a table or a list is JSON; anything else is converted to the option's type below
+            options[key] = json.loads(value) if value[:1] in ("{", "[") else value
+        except ValueError as exc:
+            raise InputError(f"guirl actor run: --option {key}: not JSON ({exc})") from None
     spec = ActorSpec(
         name=args.name,
         target=args.target,

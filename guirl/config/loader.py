@@ -9,6 +9,7 @@ set it through the environment, add the variable to ``ENV_VARS`` (and to ``SECRE
 import ast
 import functools
 import inspect
+import logging
 import os
 import secrets
 import tempfile
@@ -22,6 +23,8 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 import msgspec
 
 from guirl.config.schema import ENV_VARS, REDACTED, SECRET_KEYS, GuirlConfig
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -116,12 +119,24 @@ def _leaf_type(path: str) -> Any:
 
 _Layer = dict[str, tuple[Any, str]]  # dotted leaf path -> (value, source)
 
+RENAMED_KEYS = {
+    "eval.fault_kill_vm_at_step": "faults.kill_vm_at_step",
+    "train.fault_kill_prm_at_version": "faults.kill_prm_at_version",
+    "train.fault_kill_learner_at_version": "faults.kill_learner_at_version",
+}
+"""Keys that moved: an old name (in a run directory's saved `config.toml`, a user's file or `--set`) is
+read as its new one, with a warning saying so."""
+
 
 def _flatten(data: Mapping[str, Any], source: str, cls: type, prefix: str, out: _Layer) -> None:
     """Add ``data``'s leaves to ``out``, rejecting keys that are not in ``cls``'s tree."""
     fields = _fields(cls)
     for key, value in data.items():
         path = f"{prefix}{key}"
+        if path in RENAMED_KEYS:
+            log.warning("%s is now %s (from %s)", path, RENAMED_KEYS[path], source)
+            out[RENAMED_KEYS[path]] = (value, f"{source}, as {path}")
+            continue
         if key not in fields:
             raise ConfigError(f"unknown key {path!r} (from {source})")
         tp = fields[key].type

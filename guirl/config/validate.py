@@ -1,17 +1,26 @@
 """Every rule between config fields, in one place: `load_config(mode=...)`, `--dry-run`, `guirl eval` and
 `guirl train` all run `validate`, so they cannot disagree about what a run may be given.
 
-`validate(cfg)` checks what holds for any use of a config (printing it too); `validate(cfg, "eval")` and
-`validate(cfg, "train")` add what a run of that mode needs before anything starts (a cloud's settings,
-the backend a training run needs...). Each failure is an `InputError` naming the keys to set.
+`validate(cfg, "eval")` and `validate(cfg, "train")` check what a run of that mode needs before anything
+starts (a cloud's settings, the backend a training run needs, GPU counts that add up...); a config loaded
+without a mode (to be shown, or handed to a cluster run that checks it after placing it) is only
+type-checked. Each failure is an `InputError` naming the keys to set. What depends on the machine
+(`CUDA_VISIBLE_DEVICES`, the cores a process may use) is checked where it is used (`guirl.placement`,
+`guirl.roles.cpu_set`).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from typing import Literal
 
-from guirl.config.schema import GuirlConfig
+from guirl.config.schema import GuirlConfig, HFBackendConfig
 from guirl.errors import InputError
+
+
+class PlacementError(InputError):
+    """The GPU layout cannot work; the message names the values and the variables that set them."""
+
 
 CLOUDS = ("aws", "volcengine", "aliyun")
 CLOUD_REQUIRED = {
@@ -23,12 +32,14 @@ CLOUD_REQUIRED = {
 
 
 def validate(cfg: GuirlConfig, mode: str | None = None) -> None:
-    """Check `cfg`'s cross-field rules (those of `mode`, "eval" or "train", too); InputError otherwise."""
+    """Check `cfg`'s cross-field rules for a run in `mode` ("eval" or "train"; None: a config only
+    loaded, to be shown or handed on, which any well-typed tree is); InputError otherwise."""
     if mode not in (None, "eval", "train"):
         raise ValueError(f"mode must be None, 'eval' or 'train', got {mode!r}")
-    check_chaos(cfg)
     if mode is None:
         return
+    check_chaos(cfg)
+    check_gpus(cfg, mode)
     desktops = not (cfg.data.eval if mode == "eval" else cfg.data.train or cfg.data.eval)
     if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
         check_cloud(cfg.env.provider, cfg.cloud)
@@ -103,3 +114,60 @@ def check_train(cfg: GuirlConfig) -> None:
             raise InputError('train.advantage = "step_wise" is for desktop episodes; GUI-R1 mode is "grpo"')
         if t.eval_every and not cfg.data.eval:
             raise InputError("train.eval_every in GUI-R1 mode needs data.eval (held-out rows)")
+
+
+def on_cuda(hf: HFBackendConfig) -> bool:
+    return hf.device.startswith("cuda")
+
+
+def _judge_on_gpus(cfg: GuirlConfig) -> bool:
+    """The PRM's judge wants GPUs of its own (a launched SGLang server, or transformers on CUDA)."""
+    p = cfg.prm
+    return (p.backend == "sglang" and not p.sglang.urls) or (p.backend == "hf" and on_cuda(p.hf))
+
+
+def uses_gpus(cfg: GuirlConfig, mode: Literal["train", "eval"]) -> bool:
+    """Whether a run of `cfg` in `mode` puts anything on a GPU (or attaches to SGLang servers)."""
+    inf = cfg.inference
+    if inf.backend == "sglang" or (inf.backend == "hf" and on_cuda(inf.hf)):
+        return True
+    if mode != "train":
+        return False
+    p = cfg.prm
+    judge = p.enabled and (p.backend == "sglang" or (p.backend == "hf" and on_cuda(p.hf)))
+    return judge or cfg.train.device == "cuda"
+
+
+def check_gpus(cfg: GuirlConfig, mode: str) -> None:
+    """NUM_GPUS, ACTOR_GPUS, ROLLOUT_GPUS, PRM_GPUS and `train.ranks` fit together (PlacementError naming
+    them otherwise); nothing to check for a run that uses no GPU. Where the GPUs go is `guirl.placement`."""
+    if mode != "train" or not uses_gpus(cfg, mode):
+        return
+    c, p = cfg.cluster, cfg.prm
+    learner_on_gpu = cfg.train.device != "cpu"
+    if c.actor_gpus < 1 and learner_on_gpu:
+        raise PlacementError(
+            "ACTOR_GPUS is 0, but train mode needs at least one GPU for the learner "
+            '(ACTOR_GPUS=0 is the eval layout; train.device = "cpu" keeps the learner off the GPUs)'
+        )
+    total = c.actor_gpus + c.rollout_gpus + c.prm_gpus
+    if total != c.num_gpus:
+        raise PlacementError(
+            f"ACTOR_GPUS ({c.actor_gpus}) + ROLLOUT_GPUS ({c.rollout_gpus}) + PRM_GPUS ({c.prm_gpus}) "
+            f"= {total}, but NUM_GPUS is {c.num_gpus}: they must add up"
+        )
+    if c.prm_gpus and not p.enabled:
+        raise PlacementError(
+            f"PRM_GPUS is {c.prm_gpus}, but the PRM is off (prm.enabled = false): set PRM_GPUS=0 "
+            "or enable the PRM"
+        )
+    if p.enabled and _judge_on_gpus(cfg) and not c.prm_gpus:
+        raise PlacementError(
+            f'PRM_GPUS is 0, but the PRM\'s judge (prm.backend = "{p.backend}") runs on GPUs of its own: '
+            "give it PRM_GPUS (and take them from ACTOR_GPUS or ROLLOUT_GPUS)"
+        )
+    if learner_on_gpu and cfg.train.ranks != c.actor_gpus:
+        raise PlacementError(
+            f"train.ranks ({cfg.train.ranks}) must equal ACTOR_GPUS ({c.actor_gpus}): the learner "
+            "runs one FSDP2 rank per actor GPU"
+        )

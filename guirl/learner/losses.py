@@ -218,8 +218,9 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind = "k3") -> T
 def entropy_from_logits(logits: Tensor, *, chunk_size: int | None = None) -> Tensor:
     """Per-position entropy of softmax(logits) over the last dim, in float32.
 
-    H = logsumexp(z) - sum(softmax(z) * z): one vocabulary-sized temporary instead of the two
-    (softmax and log_softmax) of the textbook form (verl's `entropy_from_logits`). `chunk_size`
+    H = logsumexp(z) - sum(softmax(z) * z) (verl's `entropy_from_logits`), with z shifted by its max
+    first: H is shift-invariant, and two float32 terms near a large logit would otherwise cancel to an
+    error of ~1e-4 (the last bits of each depend on the CPU's vector kernels). `chunk_size`
     bounds the float32 upcast to that many positions at a time, for bf16 logits with a 150k
     vocabulary.
     """
@@ -230,6 +231,7 @@ def entropy_from_logits(logits: Tensor, *, chunk_size: int | None = None) -> Ten
     parts = []
     for start in range(0, flat.shape[0], max(step, 1)):
         z = flat[start : start + step].float()
+        z = z - z.amax(dim=-1, keepdim=True)
         parts.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1))
     out = torch.cat(parts) if parts else flat.new_zeros(0, dtype=torch.float32)
     return out.reshape(logits.shape[:-1])

@@ -35,7 +35,7 @@ from guirl.weights.publisher import WeightPublisher
 log = logging.getLogger(__name__)
 
 
-class WeightTransport(msgspec.Struct, frozen=True, kw_only=True):
+class WeightTransport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The learner's side of the weight broadcast (the driver picks it from the inference backend)."""
 
     layout: Literal["guirl", "sglang"] = "guirl"
@@ -43,7 +43,7 @@ class WeightTransport(msgspec.Struct, frozen=True, kw_only=True):
     flattened: bool = True
     """`sglang` layout: one collective per bucket (SGLang's `flattened_bucket`), else one per tensor."""
     backend: Literal["gloo", "nccl"] = "gloo"
-    dtype: str = ""
+    dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     """What floating-point tensors travel as ("" or "float32": as trained)."""
 
 

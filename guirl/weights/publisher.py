@@ -7,7 +7,7 @@ Publishing is two steps, because a broadcast's engines must be told where to joi
 `prepare` gets the weights ready and says where the engines take them from (the `WeightSource` the learner
 sends the broker), then `send` delivers them while the engines take them. Both block: the learner calls
 them on a thread of its own, one publish at a time. The learner's fallback (a broadcast that cannot be
-made goes to disk) is a few lines around them (guirl/actors/learner.py).
+made goes to disk) is a few lines around them (`guirl.learner.publish.WeightDelivery`).
 """
 
 from __future__ import annotations

@@ -333,12 +333,17 @@ def test_learner_ranks_across_hosts(tmp_path):
     cluster = ClusterRun(parse_cluster(raw), base_dir=tmp_path)
     cfg = cluster.apply(load_config(None))
     assert cfg.train.ranks == 4
-    spec = cluster.place(ActorSpec(name="learner", target="guirl.actors.learner:Learner"), "learner")
+    from guirl.roles import learner_spec
+    from guirl.runtime.process import check_options
+
+    spec = cluster.place(learner_spec(cfg, tmp_path, "/ckpt", "tcp://b:1", "tcp://c:2"), "learner")
     assert spec.host == "head" and spec.env == {"GUIRL_HOST_ADDRESS": "10.1.0.1"}
-    placed = spec.options["follower_hosts"]
-    assert placed[0] is None and [p["host"] for p in placed[1:]] == ["cpu", "cpu"]
-    assert [p["local_rank"] for p in placed[1:]] == [0, 1] and placed[1]["cluster"] == "t"
-    assert spec.options["master_port"] == cluster.ports[("head", "learner.master")] == 7003
+    options = check_options(spec)  # what the learner's process is given, as the supervisor checks it
+    placed = options.follower_hosts
+    assert placed[0] is None and [p.host for p in placed[1:]] == ["cpu", "cpu"]
+    assert [p.local_rank for p in placed[1:]] == [0, 1] and placed[1].cluster == "t"
+    assert placed[1].spec == cluster.spec.hosts["cpu"] and options.ranks == 4
+    assert options.master_port == cluster.ports[("head", "learner.master")] == 7003
 
 
 def test_hosts_on_one_address_share_its_ports():

@@ -18,7 +18,42 @@ def _load(*overrides: str, mode: str | None = None):
 @pytest.mark.parametrize(
     ("mode", "overrides", "said"),
     [
-        (None, ["chaos.seed=3", "chaos.busy=2"], "set runtime.fault_injection = true"),
+        ("eval", ["chaos.seed=3", "chaos.busy=2"], "set runtime.fault_injection = true"),
+        (
+            "train",
+            [
+                *TRAINABLE,
+                "cluster.num_gpus=4",
+                "cluster.rollout_gpus=1",
+                "cluster.actor_gpus=2",
+                "train.device=cuda",
+                "train.ranks=2",
+            ],
+            "= 3, but NUM_GPUS is 4: they must add up",
+        ),
+        (
+            "train",
+            [
+                *TRAINABLE,
+                "cluster.num_gpus=3",
+                "cluster.rollout_gpus=1",
+                "cluster.actor_gpus=2",
+                "train.device=cuda",
+            ],
+            "train.ranks (1) must equal ACTOR_GPUS (2)",
+        ),
+        (
+            "train",
+            [
+                *TRAINABLE,
+                "cluster.num_gpus=3",
+                "cluster.rollout_gpus=1",
+                "cluster.actor_gpus=1",
+                "cluster.prm_gpus=1",
+                "train.device=cuda",
+            ],
+            "PRM_GPUS is 1, but the PRM is off",
+        ),
         ("eval", ["agent.prompt_style=gui-rl", "agent.response_format=gui_r1"], "agent.response_format"),
         (
             "eval",
@@ -46,8 +81,9 @@ def test_each_rule_refuses_with_the_keys_to_set(mode, overrides, said):
 
 
 def test_a_mode_rule_waits_for_its_mode():
-    # a config can be loaded (and printed) before its cloud settings or train budget are given
-    cfg = _load("env.provider=aws", "inference.backend=scripted")
+    # a config can be loaded (and printed, `guirl config show`) before its cloud settings, train budget or
+    # fault-injection switch are given
+    cfg = _load("env.provider=aws", "inference.backend=scripted", "chaos.seed=3", "chaos.busy=2")
     validate(cfg)
     with pytest.raises(InputError):
         validate(cfg, "eval")
@@ -60,3 +96,20 @@ def test_a_mode_rule_waits_for_its_mode():
 def test_an_unknown_mode_is_a_programming_error():
     with pytest.raises(ValueError, match="mode must be"):
         validate(_load(), "evaluate")
+
+
+def test_a_renamed_key_is_read_as_its_new_name(tmp_path, caplog):
+    # a run directory saved before `[faults]` existed still loads (`guirl train --resume` reads it)
+    saved = tmp_path / "config.toml"
+    saved.write_text("[eval]\nfault_kill_vm_at_step = 2\n\n[train]\nfault_kill_learner_at_version = 3\n")
+    cfg = load_config(saved, env={}, overrides=["train.fault_kill_prm_at_version=4"])
+    assert (
+        cfg.faults.kill_vm_at_step,
+        cfg.faults.kill_learner_at_version,
+        cfg.faults.kill_prm_at_version,
+    ) == (
+        2,
+        3,
+        4,
+    )
+    assert "eval.fault_kill_vm_at_step is now faults.kill_vm_at_step" in caplog.text

@@ -11,8 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from guirl.messages.weights import WeightsFromBroadcast, WeightsFromDisk, WeightSource
-from guirl.weights.broadcast import sglang_buckets
+from guirl.messages.weights import SGLangBucket, WeightsFromBroadcast, WeightsFromDisk, WeightSource
 from guirl.weights.broadcast_publisher import GuirlLayoutPublisher, SGLangLayoutPublisher
 from guirl.weights.disk import DiskPublisher
 
@@ -81,8 +80,11 @@ def test_sglang_layout_tells_the_bucket_plan_of_the_cast_state() -> None:
     source = pub.prepare(1, state)
     assert isinstance(source, WeightsFromBroadcast) and _valid(source) == source
     assert source.group.layout == "sglang" and source.group.world_size == 2
-    cast = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
-    assert source.buckets == sglang_buckets(cast, 64) and len(source.buckets) > 1
-    dtypes = {n: d for b in source.buckets for n, d in zip(b.names, b.dtypes, strict=True)}
-    assert dtypes == {"embed.weight": "bfloat16", "norm.weight": "bfloat16", "position_ids": "int64"}
+    # by hand: 64 bytes per bucket; embed.weight is 8x4 bfloat16 = 64 bytes (a bucket of its own), then
+    # norm.weight (8 bytes) cannot share with position_ids (8 x int64 = 64 bytes, cast left alone)
+    assert source.buckets == [
+        SGLangBucket(names=["embed.weight"], dtypes=["bfloat16"], shapes=[[8, 4]]),
+        SGLangBucket(names=["norm.weight"], dtypes=["bfloat16"], shapes=[[4]]),
+        SGLangBucket(names=["position_ids"], dtypes=["int64"], shapes=[[8]]),
+    ]
     pub.close()
