@@ -16,7 +16,6 @@ from typing import Any, TextIO
 
 from guirl import roles
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
-from guirl.config.validate import validate
 from guirl.errors import RunError
 from guirl.fileio import write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint
@@ -32,8 +31,7 @@ async def run_eval(
     from guirl.cluster.run import ClusterRun
 
     cluster = cluster or ClusterRun.local(cfg)
-    cfg = cluster.apply(cfg)
-    validate(cfg, "eval")
+    cfg = cluster.prepare(cfg, "eval")  # checked (`guirl.config.validate`) for this cluster
     tasks, skipped = roles.suite(cfg, "eval")  # before any VM starts
     placement = cluster.plan(cfg, "eval")  # the GPU layout (per host when the cluster file names GPUs)
     cfg = apply(cfg, placement)

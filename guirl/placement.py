@@ -120,19 +120,12 @@ def _engines(
     first_ordinal: int,
     *,
     prefix: str,
-    var: str,
-    section: str,
 ) -> tuple[EnginePlacement, ...]:
-    """The engines of one engine set (`section` = inference or prm) over its `gpus` (named by `var`)."""
+    """The engines of one engine set (the rollout's or the judge's) over its `gpus`."""
     if backend == "sglang" and sglang.urls:
         return tuple(EnginePlacement(f"{prefix}sglang{i}", (), (), url) for i, url in enumerate(sglang.urls))
     if backend == "sglang":
-        tp = sglang.tp_size
-        if not gpus or len(gpus) % tp:
-            raise PlacementError(
-                f"{var} ({len(gpus)}) is not a multiple of {section}.sglang.tp_size ({tp}): each SGLang "
-                f"server takes {tp} GPU(s)"
-            )
+        tp = sglang.tp_size  # a positive multiple of the GPUs: `check_gpus`
         return tuple(
             EnginePlacement(
                 f"{prefix}sglang{i}",
@@ -187,8 +180,6 @@ def plan(cfg: GuirlConfig, mode: Literal["train", "eval"], *, visible: str | Non
                 prm_ids,
                 prm_first,
                 prefix="judge-",
-                var="PRM_GPUS",
-                section="prm",
             )
             if prm_ids and not any(e.gpus for e in judge):
                 notes.append(
@@ -196,11 +187,6 @@ def plan(cfg: GuirlConfig, mode: Literal["train", "eval"], *, visible: str | Non
                 )
     else:
         first = 0
-        if c.rollout_gpus > c.num_gpus:
-            raise PlacementError(
-                f"ROLLOUT_GPUS ({c.rollout_gpus}) is more than NUM_GPUS ({c.num_gpus}): eval mode serves "
-                "rollouts on at most all of them"
-            )
         rollout_ids = ids[: c.rollout_gpus]
         if c.rollout_gpus < c.num_gpus:
             notes.append(
@@ -215,8 +201,6 @@ def plan(cfg: GuirlConfig, mode: Literal["train", "eval"], *, visible: str | Non
         rollout_ids,
         first,
         prefix="",
-        var="ROLLOUT_GPUS",
-        section="inference",
     )
     if rollout_ids and not any(e.gpus for e in rollout):
         notes.append(

@@ -21,7 +21,7 @@ import msgspec
 from guirl.actors.coordinator import Coordinator
 from guirl.config import GuirlConfig
 from guirl.errors import InputError, RunError
-from guirl.runtime.process import ActorSpec
+from guirl.runtime.process import ActorOptionsError, ActorSpec
 from guirl.runtime.supervisor import Supervisor
 from guirl.vmpool.tasks.suite import SkippedTask, SuiteTask, check_supported, load_suite
 
@@ -336,6 +336,8 @@ class RunActors:
     async def _start(self, spec: ActorSpec) -> Any:
         try:
             return await self.sup.start(spec)
+        except ActorOptionsError:
+            raise  # refused before any process started: an input error, no log to see
         except Exception as exc:
             raise RunError(f"the {spec.name} did not start: {exc}; see its log above") from exc
 
@@ -363,6 +365,8 @@ class RunActors:
                     tg.create_task(self.sup.start(spec))
         except* Exception as group:  # say which worker and why, not a traceback of the task group
             first = group.exceptions[0]
+            if isinstance(first, ActorOptionsError):
+                raise first from None
             raise RunError(f"an env worker did not start: {first}; see its log above") from first
 
     async def follow(self, follow: Callable[[Any], Any], out: TextIO, *, watch: dict[str, str]) -> None:

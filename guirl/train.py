@@ -24,7 +24,6 @@ import msgspec
 
 from guirl import roles
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
-from guirl.config.validate import validate
 from guirl.errors import InputError, RunError
 from guirl.fileio import last_json_line, write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint, resolve_prm_checkpoint
@@ -47,8 +46,7 @@ async def run_train(
     from guirl.cluster.run import ClusterRun
 
     cluster = cluster or ClusterRun.local(cfg)
-    cfg = cluster.apply(cfg)
-    validate(cfg, "train")
+    cfg = cluster.prepare(cfg, "train")  # checked (`guirl.config.validate`) for this cluster
     roles.cpu_set(cfg.cluster.learner_cpus, "cluster.learner_cpus")
     roles.cpu_set(cfg.cluster.rollout_cpus, "cluster.rollout_cpus")
     if cfg.train.sync:  # in turns: no sample ahead of its version, no broadcast overlapping the next update

@@ -186,3 +186,13 @@ def osworld_dir() -> Path | None:
     if origin and Path(origin).is_dir():
         candidates.append(Path(origin).resolve().parent / "shared" / "osworld")
     return next((c for c in candidates if (c / "server" / "main.py").is_file()), None)
+
+
+CLOUD_ENV = {  # what the osworld configs' Volcengine desktops need from the environment (fake values)
+    "GUI_CLUSTER_CIDR": "10.0.0.0/16",
+    "VOLC_ACCESSKEY": "AK-test",
+    "VOLC_SECRETKEY": "SK-test",
+    "VOLCENGINE_IMAGE_ID": "image-osworld",
+    "VOLCENGINE_SUBNET_ID": "subnet-1",
+    "VOLCENGINE_SECURITY_GROUP_ID": "sg-1",
+}

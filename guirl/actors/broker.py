@@ -691,8 +691,6 @@ class InferenceBroker(Actor):
                 timeout = group.timeout_s
             case WeightsFromDisk():
                 pass
-            case _:
-                raise EngineError(f"a weight update without a source: {source!r}", retryable=False)
 
         async def one(rank: int, slot: EngineSlot) -> None:
             await slot.engine.update_weights(msg.version, source, epoch=msg.epoch, rank=rank)

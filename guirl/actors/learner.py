@@ -119,7 +119,6 @@ class Learner(Actor):
             master_port=o.master_port,
             name=name,
         )
-        self.trainer: Any = None  # rank 0's Trainer, once loaded
         self.weights = o.weights
         self.publishing: Publishing | None = None  # once the lineage is known
         self.tied = False  # the LM head shares the input embeddings (read from the loaded model)
@@ -209,6 +208,11 @@ class Learner(Actor):
         if publishing is not None:
             publishing.delivery.shutdown()
 
+    @property
+    def trainer(self) -> Any:
+        """Rank 0's `guirl.learner.trainer.Trainer`, once loaded (None before)."""
+        return self.rank0.trainer
+
     def _rank_exited(self, rank: int, code: int) -> None:
         if not self.stopping:  # a rank gone mid-run: the job cannot go on without it
             self.crash(
@@ -218,7 +222,7 @@ class Learner(Actor):
     def _load(self) -> None:
         from guirl.learner.trainer import tied_embeddings
 
-        self.trainer = self.rank0.load(self.resume_from)
+        self.rank0.load(self.resume_from)
         self.renderer = self.trainer.renderer
         self.tied = tied_embeddings(self.trainer.model)
         if self.resume_from is not None:

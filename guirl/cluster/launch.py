@@ -4,7 +4,8 @@ The supervisor asks a `Launcher` for a process and gets an `ActorProcess` back: 
 to report ready (its bound endpoints), waits for it to exit (and why), and stops or kills it. What differs
 between hosts is only how the process is started:
 
-- `local`: a `spawn`ed child of this process, readiness and exit reason on a pipe (`SpawnProcess`);
+- `local`: a `spawn`ed child of this process, readiness and exit reason on a pipe (`SpawnProcess`, with
+  the local launcher in `guirl.runtime.launch`: the supervisor needs it without any cluster);
 - `ssh`: the OpenSSH client runs `PYTHON -m guirl.cluster.agent` on the host (`CommandProcess`);
 - `slurm`: `srun` runs the same agent as a job step on the host's node (`CommandProcess`).
 

@@ -130,6 +130,15 @@ class ClusterRun:
             env=msgspec.structs.replace(cfg.env, max_envs=sum(n for _, n in self.slots) or 1),
         )
 
+    def prepare(self, cfg: GuirlConfig, mode: str) -> GuirlConfig:
+        """`apply(cfg)`, checked for a run in `mode` (`guirl.config.validate`): where the cluster file names
+        the roles' GPUs, their counts replace NUM_GPUS, ACTOR_GPUS..., and `plan` checks those instead."""
+        from guirl.config.validate import validate
+
+        cfg = self.apply(cfg)
+        validate(cfg, mode, gpus=not self.names_gpus)
+        return cfg
+
     # -- GPUs ---------------------------------------------------------------------------------------------
 
     @property

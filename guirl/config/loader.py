@@ -134,11 +134,19 @@ def _flatten(data: Mapping[str, Any], source: str, cls: type, prefix: str, out: 
     for key, value in data.items():
         path = f"{prefix}{key}"
         if path in RENAMED_KEYS:
-            log.warning("%s is now %s (from %s)", path, RENAMED_KEYS[path], source)
-            out[RENAMED_KEYS[path]] = (value, f"{source}, as {path}")
+            new = RENAMED_KEYS[path]
+            if new in out and out[new][1] == source:
+                raise ConfigError(
+                    f"{path} and {new} are one setting, given twice (from {source}): keep {new}"
+                )
+            log.warning("%s is now %s (from %s)", path, new, source)
+            out[new] = (value, f"{source}, as {path}")
             continue
         if key not in fields:
             raise ConfigError(f"unknown key {path!r} (from {source})")
+        if path in out and out[path][1].startswith(f"{source}, as "):
+            old = out[path][1].removeprefix(f"{source}, as ")
+            raise ConfigError(f"{old} and {path} are one setting, given twice (from {source}): keep {path}")
         tp = fields[key].type
         if _is_section(tp):
             if not isinstance(value, Mapping):

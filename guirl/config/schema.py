@@ -690,7 +690,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How engines get new weights: a process-group broadcast, or a checkpoint they reload."""
     weight_bucket_mb: PosInt = 512
     """Size of one bucket of a weight broadcast, in MiB (the engines receive bucket by bucket)."""
-    weight_join_timeout_s: PosFloat = 30.0
+    weight_join_timeout_s: Annotated[float, Meta(gt=0, le=7 * 86400)] = 30.0
     """Seconds an engine waits to form the weight group with the learner, apart from the transfer (whose
     collectives wait up to `runtime.request_timeout_s`, 120 s at most). An update whose learner is declared
     dead is abandoned at once anyway; this bounds a group that never forms for another reason."""

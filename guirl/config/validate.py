@@ -3,10 +3,11 @@
 
 `validate(cfg, "eval")` and `validate(cfg, "train")` check what a run of that mode needs before anything
 starts (a cloud's settings, the backend a training run needs, GPU counts that add up...); a config loaded
-without a mode (to be shown, or handed to a cluster run that checks it after placing it) is only
-type-checked. Each failure is an `InputError` naming the keys to set. What depends on the machine
-(`CUDA_VISIBLE_DEVICES`, the cores a process may use) is checked where it is used (`guirl.placement`,
-`guirl.roles.cpu_set`).
+without a mode (to be shown, or handed to `bin/launch_cluster`, whose run validates it) is only
+type-checked. When a cluster file names each role's GPUs, their counts replace NUM_GPUS, ACTOR_GPUS...:
+the run checks the rest with `gpus=False`, and `guirl.placement` the counts the roles give. Each failure is
+an `InputError` naming the keys to set. What depends on the machine (`CUDA_VISIBLE_DEVICES`, the cores a
+process may use) is checked where it is used (`guirl.placement`, `guirl.roles.cpu_set`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Literal
 
-from guirl.config.schema import GuirlConfig, HFBackendConfig
+from guirl.config.schema import GuirlConfig, HFBackendConfig, SGLangBackendConfig
 from guirl.errors import InputError
 
 
@@ -31,15 +32,17 @@ CLOUD_REQUIRED = {
 """The `[cloud.<provider>]` settings each cloud provider cannot start a VM without."""
 
 
-def validate(cfg: GuirlConfig, mode: str | None = None) -> None:
+def validate(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) -> None:
     """Check `cfg`'s cross-field rules for a run in `mode` ("eval" or "train"; None: a config only
-    loaded, to be shown or handed on, which any well-typed tree is); InputError otherwise."""
+    loaded, to be shown or handed on, which any well-typed tree is); InputError otherwise. `gpus=False`
+    leaves out the GPU counts (NUM_GPUS...), which a cluster file naming its roles' GPUs replaces."""
     if mode not in (None, "eval", "train"):
         raise ValueError(f"mode must be None, 'eval' or 'train', got {mode!r}")
     if mode is None:
         return
     check_chaos(cfg)
-    check_gpus(cfg, mode)
+    if gpus:
+        check_gpus(cfg, mode)
     desktops = not (cfg.data.eval if mode == "eval" else cfg.data.train or cfg.data.eval)
     if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
         check_cloud(cfg.env.provider, cfg.cloud)
@@ -139,11 +142,20 @@ def uses_gpus(cfg: GuirlConfig, mode: Literal["train", "eval"]) -> bool:
 
 
 def check_gpus(cfg: GuirlConfig, mode: str) -> None:
-    """NUM_GPUS, ACTOR_GPUS, ROLLOUT_GPUS, PRM_GPUS and `train.ranks` fit together (PlacementError naming
-    them otherwise); nothing to check for a run that uses no GPU. Where the GPUs go is `guirl.placement`."""
-    if mode != "train" or not uses_gpus(cfg, mode):
+    """NUM_GPUS, ACTOR_GPUS, ROLLOUT_GPUS, PRM_GPUS, `train.ranks` and the SGLang servers' `tp_size` fit
+    together (PlacementError naming them otherwise); nothing to check for a run that uses no GPU. Where the
+    GPUs go is `guirl.placement`."""
+    if not uses_gpus(cfg, mode):  # type: ignore[arg-type]
         return
     c, p = cfg.cluster, cfg.prm
+    _check_tp(cfg.inference.backend, cfg.inference.sglang, c.rollout_gpus, "ROLLOUT_GPUS", "inference")
+    if mode != "train":
+        if c.rollout_gpus > c.num_gpus:
+            raise PlacementError(
+                f"ROLLOUT_GPUS ({c.rollout_gpus}) is more than NUM_GPUS ({c.num_gpus}): eval mode serves "
+                "rollouts on at most all of them"
+            )
+        return
     learner_on_gpu = cfg.train.device != "cpu"
     if c.actor_gpus < 1 and learner_on_gpu:
         raise PlacementError(
@@ -170,4 +182,19 @@ def check_gpus(cfg: GuirlConfig, mode: str) -> None:
         raise PlacementError(
             f"train.ranks ({cfg.train.ranks}) must equal ACTOR_GPUS ({c.actor_gpus}): the learner "
             "runs one FSDP2 rank per actor GPU"
+        )
+    if p.enabled:
+        _check_tp(p.backend, p.sglang, c.prm_gpus, "PRM_GPUS", "prm")
+
+
+def _check_tp(backend: str, sglang: SGLangBackendConfig, gpus: int, var: str, section: str) -> None:
+    """The SGLang servers guirl launches for one engine set take `tp_size` GPUs each, so `var` (its GPU
+    count) is a positive multiple of it; servers given by URL take none here."""
+    if backend != "sglang" or sglang.urls:
+        return
+    tp = sglang.tp_size
+    if gpus < tp or gpus % tp:
+        raise PlacementError(
+            f"{var} ({gpus}) is not a positive multiple of {section}.sglang.tp_size ({tp}): each SGLang "
+            f"server takes {tp} GPU(s)"
         )

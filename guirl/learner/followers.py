@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +62,6 @@ class Followers:
         )
         log.info("started learner ranks 1..%d (pids %s)", world - 1, [p.pid for p in procs])
         return cls(procs, rendezvous, store)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.procs)
-
-    def __len__(self) -> int:
-        return len(self.procs)
 
     def watch(self, on_exit: Callable[[int, int], None]) -> None:
         """Call `on_exit(rank, exit code)` when a rank's process ends (from the running event loop)."""

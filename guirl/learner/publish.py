@@ -114,7 +114,8 @@ class WeightDelivery:
         to). Returns the phase times; raises when the engines did not take it."""
         from guirl.learner.trainer import savable_state
 
-        state = await self._thread(functools.partial(savable_state, state, tied=tied))
+        with self.busy("gather"):  # may clone every gathered tensor: busy, as the sending that follows
+            state = await self._thread(functools.partial(savable_state, state, tied=tied))
         timings: dict[str, float] = {}
         if self.broadcaster is not None and live_ranks is not None:
             if await self._broadcast(version, state, tell, await live_ranks(), timings):

@@ -21,6 +21,8 @@ MAX_DIMS = 8
 MAX_WORLD_SIZE = 1 << 16
 """Ranks a weight group may have (the learner and every engine's GPUs)."""
 MAX_TIMEOUT_S = 7 * 86400.0
+"""The longest a weight group's collectives or joining may wait (`train.weight_join_timeout_s` has the
+same bound)."""
 
 Backend = Literal["gloo", "nccl"]
 Layout = Literal["guirl", "sglang"]
@@ -66,10 +68,9 @@ class WeightGroupSpec(msgspec.Struct, frozen=True):
             raise ValueError(f"backend must be 'gloo' or 'nccl', got {self.backend!r}")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
-        if not self.join_timeout_s > 0:
-            raise ValueError(f"join_timeout_s must be > 0, got {self.join_timeout_s}")
+        for name in ("timeout_s", "join_timeout_s"):
+            if not 0 < getattr(self, name) <= MAX_TIMEOUT_S:
+                raise ValueError(f"{name} must be in (0, {MAX_TIMEOUT_S:g}] s, got {getattr(self, name)}")
         if self.layout not in ("guirl", "sglang"):
             raise ValueError(f"layout must be 'guirl' or 'sglang', got {self.layout!r}")
 

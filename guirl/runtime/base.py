@@ -53,7 +53,7 @@ class Actor:
     Options: ClassVar[type | None] = None
     """Its typed options (a msgspec Struct refusing unknown fields), the constructor's second argument: what
     an `ActorSpec`'s `options` must convert to, checked before the process starts (`check_options`). None:
-    it takes no options."""
+    it takes none from a spec (the coordinators, built in the driver's process with keyword arguments)."""
 
     def __init__(
         self,

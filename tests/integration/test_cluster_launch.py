@@ -30,7 +30,7 @@ from guirl.cluster.spec import ClusterFileError, Host, parse_cluster
 from guirl.config import load_config
 from guirl.runtime.process import ActorOptionsError, ActorSpec
 from guirl.runtime.supervisor import Supervisor
-from tests.helpers import run
+from tests.helpers import CLOUD_ENV, run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -408,6 +408,10 @@ def test_the_control_socket_answers_hostile_requests(tmp_path, monkeypatch):
 # -- GPUs named in the cluster file -------------------------------------------------------------------------
 
 
+def _osworld(name: str):
+    return load_config(ROOT / "configs" / name, env=CLOUD_ENV)
+
+
 def _gpu_cluster(**roles) -> ClusterRun:
     raw = _cluster()
     raw["hosts"]["gpu1"] = {"address": "10.1.0.3", "launcher": "ssh"}
@@ -421,7 +425,7 @@ def test_gpus_named_per_role_place_each_process_on_its_own():
     """Learner ranks on GPUs 0-3 of their host, the broker's SGLang servers on 4-7 of another: each process
     sees only its role's GPUs, so hf engines count ordinals from 0 there."""
     cluster = _gpu_cluster()
-    cfg = cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_8b_rl.toml", env={}))
+    cfg = cluster.prepare(_osworld("osworld_qwen3vl_8b_rl.toml"), "train")
     assert cfg.train.ranks == 4
     laid = cluster.plan(cfg, "train")
     assert laid.learner_gpus == ("0", "1", "2", "3") and laid.learner_env() == {
@@ -439,7 +443,7 @@ def test_gpus_named_per_role_place_each_process_on_its_own():
     # the same physical ids on two hosts, and the judge on the broker's host after its rollout GPUs
     prm = {"host": "gpu1", "gpus": [3]}
     cluster = _gpu_cluster(broker={"host": "gpu1", "gpus": [0, 1, 2]}, prm=prm)
-    cfg = cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_8b_prm_rl.toml", env={}))
+    cfg = cluster.prepare(_osworld("osworld_qwen3vl_8b_prm_rl.toml"), "train")
     laid = cluster.plan(cfg, "train")
     assert laid.learner_gpus == ("0", "1", "2", "3")
     assert [e.gpus for e in laid.rollout] == [("0",), ("1",), ("2",)] and [e.gpus for e in laid.judge] == [
@@ -453,9 +457,25 @@ def test_gpus_named_per_role_place_each_process_on_its_own():
     # eval: no learner, the broker's GPUs only
     cluster = _gpu_cluster()
     laid = cluster.plan(
-        cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_4b_eval.toml", env={})), "eval"
+        cluster.prepare(_osworld("osworld_qwen3vl_4b_eval.toml"), "eval"),
+        "eval",
     )
     assert [e.gpus for e in laid.rollout] == [("4",), ("5",), ("6",), ("7",)] and laid.learner_gpus == ()
+
+
+@pytest.mark.parametrize(
+    "learner, ranks",
+    [({"hosts": ["head", "gpu1"], "gpus": [0, 1, 2, 3]}, 8), ({"hosts": ["head"], "gpus": [0, 1]}, 2)],
+)
+def test_the_learner_gpus_of_the_cluster_file_replace_the_configs_counts(learner, ranks):
+    """The config says 4 actor GPUs (ACTOR_GPUS, train.ranks); a cluster file naming the learner's GPUs
+    decides instead: on two hosts, or fewer on one."""
+    cluster = _gpu_cluster(learner=learner)
+    cfg = _osworld("osworld_qwen3vl_8b_rl.toml")
+    assert cfg.cluster.actor_gpus == 4
+    cfg = cluster.prepare(cfg, "train")
+    assert cfg.train.ranks == ranks
+    assert len(cluster.plan(cfg, "train").learner_gpus) == len(learner["gpus"])
 
 
 @pytest.mark.parametrize(
@@ -476,5 +496,6 @@ def test_gpu_ids_that_cannot_work_are_refused(roles, message):
     with pytest.raises(ClusterFileError, match=re.escape(message)):
         cluster = _gpu_cluster(**roles)
         cluster.plan(
-            cluster.apply(load_config(ROOT / "configs" / "osworld_qwen3vl_8b_rl.toml", env={})), "train"
+            cluster.prepare(_osworld("osworld_qwen3vl_8b_rl.toml"), "train"),
+            "train",
         )

@@ -13,6 +13,7 @@ from guirl.cli import main
 from guirl.config import load_config
 from guirl.errors import InputError
 from guirl.placement import EnginePlacement, PlacementError, apply, plan
+from tests.helpers import CLOUD_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs"
@@ -25,14 +26,6 @@ GUI_RL_VARS = (
     "PRM_MODEL_PATH",
     "GUI_RESULT_DIR",
 )
-CLOUD_ENV = {  # what the osworld configs' Volcengine desktops need from the environment
-    "GUI_CLUSTER_CIDR": "10.0.0.0/16",
-    "VOLC_ACCESSKEY": "AK-test",
-    "VOLC_SECRETKEY": "SK-test",
-    "VOLCENGINE_IMAGE_ID": "image-osworld",
-    "VOLCENGINE_SUBNET_ID": "subnet-1",
-    "VOLCENGINE_SECURITY_GROUP_ID": "sg-1",
-}
 
 
 def cfg_of(*overrides: str, env: dict[str, str] | None = None, path: Path | None = None):

@@ -97,3 +97,34 @@ def test_the_learner_gets_train_and_the_weight_transport_of_its_backend():
     opts = check_options(roles.learner_spec(sglang, RUN, "/ckpt", "tcp://b:2", "tcp://c:1", None, RUN / "v3"))
     assert (opts.weights.layout, opts.weights.backend, opts.weights.dtype) == ("sglang", "nccl", "bfloat16")
     assert opts.engines == 4 and opts.device == "cuda" and opts.resume_from == "/runs/r1/v3"
+
+
+def test_a_run_refuses_a_bad_option_before_starting_anything(tmp_path):
+    """An option the role does not take is an input error (exit 2) naming it, not "did not start": no
+    process was started, so there is no log to look at."""
+    from guirl.cluster.run import ClusterRun
+    from guirl.errors import RunError
+    from tests.helpers import run
+
+    cfg = _cfg()
+    cluster = ClusterRun.local(cfg)
+    spec = roles.prm_spec(cfg, tmp_path, "tcp://b:2", "")
+    bad = msgspec.structs.replace(spec, options={**spec.options, "judge_votes": 3})
+    worker = roles.worker_specs(cfg, tmp_path, roles.Peers("tcp://c:1", "tcp://b:2"), mode="eval")
+
+    def bad_worker(i, vms, prewarm=0):
+        spec = worker(i, vms, prewarm)
+        return msgspec.structs.replace(spec, options={**spec.options, "vm": 1})
+
+    async def main() -> None:
+        coord = roles.coordinator(cfg, tmp_path, "eval", [])
+        async with roles.RunActors(cfg, tmp_path, cluster, coord, "eval") as actors:
+            with pytest.raises(ActorOptionsError, match="unknown option 'judge_votes'") as err:
+                await actors.start(bad)
+            assert not isinstance(err.value, RunError)
+            for together in (True, False):
+                with pytest.raises(ActorOptionsError, match="unknown option 'vm'"):
+                    await actors.start_workers(bad_worker, together=together)
+            assert actors.sup.actors == {}
+
+    run(main(), timeout=60)

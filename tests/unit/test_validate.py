@@ -4,7 +4,7 @@ meets it."""
 
 import pytest
 
-from guirl.config import load_config
+from guirl.config import ConfigError, load_config
 from guirl.config.validate import validate
 from guirl.errors import InputError
 
@@ -53,6 +53,32 @@ def _load(*overrides: str, mode: str | None = None):
                 "train.device=cuda",
             ],
             "PRM_GPUS is 1, but the PRM is off",
+        ),
+        (
+            "eval",
+            ["inference.backend=sglang", "cluster.num_gpus=2", "cluster.rollout_gpus=4"],
+            "ROLLOUT_GPUS (4) is more than NUM_GPUS (2)",
+        ),
+        (
+            "eval",
+            ["inference.backend=sglang", "cluster.rollout_gpus=4", "inference.sglang.tp_size=3"],
+            "ROLLOUT_GPUS (4) is not a positive multiple of inference.sglang.tp_size (3)",
+        ),
+        (
+            "train",
+            [
+                "inference.backend=sglang",
+                "train.updates=2",
+                "cluster.num_gpus=4",
+                "cluster.actor_gpus=1",
+                "cluster.rollout_gpus=1",
+                "cluster.prm_gpus=2",
+                "prm.enabled=true",
+                "prm.backend=sglang",
+                "prm.sglang.tp_size=3",
+                "train.device=cuda",
+            ],
+            "PRM_GPUS (2) is not a positive multiple of prm.sglang.tp_size (3)",
         ),
         ("eval", ["agent.prompt_style=gui-rl", "agent.response_format=gui_r1"], "agent.response_format"),
         (
@@ -113,3 +139,14 @@ def test_a_renamed_key_is_read_as_its_new_name(tmp_path, caplog):
         4,
     )
     assert "eval.fault_kill_vm_at_step is now faults.kill_vm_at_step" in caplog.text
+    # both names in one source: which one counts would depend on their order, so neither does
+    for text in (
+        "[faults]\nkill_vm_at_step = 5\n\n[eval]\nfault_kill_vm_at_step = 2\n",
+        "[eval]\nfault_kill_vm_at_step = 2\n\n[faults]\nkill_vm_at_step = 5\n",
+    ):
+        saved.write_text(text)
+        with pytest.raises(ConfigError, match="are one setting, given twice .*: keep faults.kill_vm_at_step"):
+            load_config(saved, env={})
+    # in different sources, the later one wins as for any key
+    saved.write_text("[eval]\nfault_kill_vm_at_step = 2\n")
+    assert load_config(saved, env={}, overrides=["faults.kill_vm_at_step=5"]).faults.kill_vm_at_step == 5
