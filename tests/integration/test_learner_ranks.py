@@ -32,10 +32,12 @@ from tests.helpers import client_actor, fast_config, one_step_trajectory, run
 TRAIN = {"lr": 1e-3, "updates": 2, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}
 # Adam's first steps are sign-like: each element moves by ~lr * g / (|g| + eps). Where |g| is within
 # rounding of 0 (a few elements in 10^4 here) the summation order of 2 ranks changes that fraction, so the
-# weights agree to 1e-6 except at such elements, which stay within 5 % of lr (a wrong sign misses by
-# 2 lr). The gradient's scale, to which Adam is blind, is checked through the gradient norm.
+# weights agree to 1e-6 except at such elements, which stay within a quarter of lr (measured: under 6 % of
+# it, the last bits depending on the CPU's kernels; a wrong sign misses by 2 lr, and a rank's gradient
+# lost or counted twice moves far more than a few elements in 10^4). The gradient's scale, to which Adam
+# is blind, is checked through the gradient norm.
 WEIGHT_TOL = 1e-6
-RARE_TOL = 0.05 * TRAIN["lr"]
+RARE_TOL = 0.25 * TRAIN["lr"]
 RARE_FRACTION = 1e-3
 
 
@@ -197,7 +199,7 @@ def test_a_dead_rank_stops_the_learner_with_a_clear_error(tiny: Path, tmp_path: 
     async def scenario() -> None:
         learner = _learner(tiny, tmp_path, 2, cfg)
         task = await learner.start()
-        (rank1,) = learner.rank0.followers
+        (rank1,) = learner.rank0.followers.procs
         os.kill(rank1.pid, signal.SIGKILL)
         with pytest.raises(FatalError, match="learner rank 1 exited with code -9"):
             await asyncio.wait_for(task, 60)
@@ -262,7 +264,7 @@ def test_a_foreign_optimizer_state_fails_every_rank_with_one_clear_error(
             await learner.start()
         (error,) = info.value.exceptions
         assert isinstance(error, FatalError) and "keyed by parameter index" in str(error)
-        for proc in learner.rank0.followers:  # rank 1 got the same verdict and left
+        for proc in learner.rank0.followers.procs:  # rank 1 got the same verdict and left
             assert await asyncio.to_thread(proc.wait, 60) != 0
 
     run(scenario(), timeout=180)
