@@ -87,7 +87,7 @@ def overrides(ckpt: str, root: Path, updates: int, delay_s: float, via: str, sta
         "rollout.n_samples_per_prompt=2",
         "env.max_envs=4",  # one VM per episode of an update
         "env.prewarm_envs=4",
-        "eval.workers=1",
+        "env.workers=1",
         "agent.max_steps=2",
         "inference.max_batch=8",  # more than the VMs: with via="broker" every batch waits max_wait_ms
         *delay,

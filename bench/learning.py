@@ -122,7 +122,7 @@ def overrides(args: argparse.Namespace, heldout: Path) -> list[str]:
         "logging.level=WARNING",
         "env.max_envs=32",  # every sample of an update in flight at once: the broker batches them
         "inference.max_batch=32",
-        "eval.vms_per_worker=16",
+        "env.vms_per_worker=16",
         *args.set,
     ]
 

@@ -101,7 +101,7 @@ def shared_settings(ckpt: str, root: Path, args: argparse.Namespace) -> list[str
         f"env.max_envs={args.vms}",
         f"env.prewarm_envs={args.vms}",
         f"env.step_latency_s={args.step_latency}",
-        "eval.workers=1",
+        "env.workers=1",
         "inference.max_wait_ms=20",
         "wandb.mode=disabled",
         "logging.level=WARNING",

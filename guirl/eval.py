@@ -48,7 +48,7 @@ async def run_eval(
         broker = await run.start(roles.broker_spec(cfg, ckpt, run_dir, placement=placement))
         print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
         peers = roles.Peers(coordinator=coord.endpoints[0], broker=broker)
-        workers = cfg.eval.workers
+        workers = cfg.env.workers
         prewarm = vm_split(cfg.env.prewarm_envs, workers) if cfg.env.prewarm_envs else None
         await run.start_workers(roles.worker_specs(cfg, run_dir, peers, mode="eval"), prewarm)
         vms = [n for _, n in cluster.slots]

@@ -287,7 +287,7 @@ def _describe_engines(
 
 
 def _describe_env(mode: str, cfg: GuirlConfig) -> str:
-    workers = cfg.eval.workers
+    workers = cfg.env.workers
     head = f"{workers} worker{'s' if workers != 1 else ''}"
     rows = cfg.data.train if mode == "train" else cfg.data.eval
     if rows:

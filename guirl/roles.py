@@ -282,7 +282,8 @@ def suite(
     if mode == "eval" and (d.train if in_training else d.eval):  # in training, the workers' kind decides
         return dataset_tasks(d.eval, "eval", d.limit if in_training else (d.limit or e.limit)), []
     if mode == "train":
-        tasks, skipped = load_suite(t.tasks), (t.skip_unsupported, t.tasks)
+        tasks = load_suite(t.tasks, domains=t.domains, limit=t.limit)
+        skipped = (t.skip_unsupported, t.tasks)
     else:
         tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
         skipped = (e.skip_unsupported, e.tasks)

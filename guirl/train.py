@@ -109,9 +109,7 @@ async def _train(
         print(f"[train] broker{', PRM' if prm else ''} and learner up", file=out)
         peers = roles.Peers(coordinator=coord.endpoints[0], broker=broker, learner=learner, prm=prm)
         await run.start_workers(roles.worker_specs(cfg, run_dir, peers, mode="train"), together=False)
-        print(
-            f"[train] {cfg.eval.workers} env worker(s), {sum(n for _, n in cluster.slots)} VMs up", file=out
-        )
+        print(f"[train] {cfg.env.workers} env worker(s), {sum(n for _, n in cluster.slots)} VMs up", file=out)
         tracking = Tracking(tracker, run_dir)
         watch = {"broker": broker, **({"prm": prm} if prm else {})}
         await run.follow(

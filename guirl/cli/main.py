@@ -21,10 +21,77 @@ Configuration: `--config FILE.toml`, then OpenClaw-RL's GUI-RL environment varia
 from __future__ import annotations
 
 import argparse
+import difflib
+import functools
 import json
+import re
 import sys
+from typing import Any
 
 from guirl import __version__
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Every option's default in its help, unless it has none worth showing or the help says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        quiet = action.default in (None, False, [], argparse.SUPPRESS) or "default" in text
+        if not action.option_strings or quiet:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class Parser(argparse.ArgumentParser):
+    """guirl's parsers (every subcommand's too): defaults in the help, a suggestion for a mistyped command
+    or flag, and a mistyped flag answered with that subcommand's usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m:
+            close = difflib.get_close_matches(m.group(1), re.findall(r"'([^']*)'", m.group(2)), n=1)
+            if close:
+                message += f"; did you mean {close[0]!r}?"
+        super().error(message)
+
+    def unrecognized(self, extras: list[str]) -> None:
+        """Exit 2 with this parser's usage, naming each argument it does not take (and the closest flag)."""
+        options = [o for a in self._actions for o in a.option_strings]
+        said = []
+        for extra in extras:
+            close = difflib.get_close_matches(extra.split("=")[0], options, n=1) if extra[:1] == "-" else []
+            said.append(f"{extra} (did you mean {close[0]}?)" if close else extra)
+        self.error(f"unrecognized arguments: {' '.join(said)}")
+
+    def subcommands(self) -> list[argparse._SubParsersAction]:
+        return [a for a in self._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def _mark(parser: Parser) -> None:
+    """Let every parser below `parser` be found from the parsed arguments (`_parser`: the deepest reached),
+    and a group of subcommands be given alone (it prints its help)."""
+    parser.set_defaults(_parser=parser)
+    for n, action in enumerate(parser.subcommands()):
+        action.required = False
+        if action.dest is argparse.SUPPRESS:
+            action.dest = f"_subcommand_{n}"
+        for child in set(action.choices.values()):
+            _mark(child)
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    from guirl.config import describe
+
+    return {f.path: f.default for f in describe()}
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, str) else json.dumps(value)
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -52,6 +119,38 @@ def _dry_run_arg(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="check the configuration and print the GPU plan (learner, engines, workers); start nothing",
     )
+
+
+FLAG_HELP = {
+    "tasks": "meta list of tasks ({domain: [ids]})",
+    "limit": "only the first N tasks (0: all)",
+    "workers": "env worker processes",
+    "vms_per_worker": "VMs (episodes at once) per env worker (0: env.max_envs shared out)",
+    "backend": "inference backend",
+    "ckpt": "policy checkpoint: a directory, a Hugging Face id in the local cache, or 'tiny'",
+    "max_steps": "steps before an episode is truncated",
+    "updates": "policy updates to make",
+}
+
+
+def _run_args(p: argparse.ArgumentParser, mode: str) -> None:
+    """The flags `guirl eval` and `guirl train` share: config, task selection, workers, backend, model."""
+    _config_args(p)
+    defaults = _defaults()
+    for flag, key in run_flags(mode).items():
+        kind: dict[str, Any] = {"type": int} if isinstance(defaults[key], int) else {}
+        if flag == "backend":
+            kind = {"choices": ["hf", "openai", "scripted", "sglang"]}
+        text = f"{FLAG_HELP[flag]} [{key}; default {_shown(defaults[key])}]".replace("%", "%%")
+        p.add_argument(f"--{flag.replace('_', '-')}", help=text, **kind)
+    p.add_argument(
+        "--domain",
+        action="append",
+        default=[],
+        help=f"only this domain of the task list (repeatable) [{mode}.domains; default: all]",
+    )
+    _skip_unsupported_arg(p)
+    _dry_run_arg(p)
 
 
 def _load(args: argparse.Namespace, mode: str | None = None):
@@ -103,15 +202,32 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-EVAL_FLAGS = {
-    "tasks": "eval.tasks",
-    "workers": "eval.workers",
-    "vms_per_worker": "eval.vms_per_worker",
-    "limit": "eval.limit",
-    "backend": "inference.backend",
-    "max_steps": "agent.max_steps",
-    "ckpt": "model.hf_ckpt",
-}
+def run_flags(mode: str) -> dict[str, str]:
+    """The flags of `guirl eval` and `guirl train` that set a config key (flag dest -> key): named alike
+    in both, each mode's task selection its own."""
+    return {
+        "tasks": f"{mode}.tasks",
+        "limit": f"{mode}.limit",
+        "workers": "env.workers",
+        "vms_per_worker": "env.vms_per_worker",
+        "backend": "inference.backend",
+        "ckpt": "model.hf_ckpt",
+        "max_steps": "agent.max_steps",
+        **({"updates": "train.updates"} if mode == "train" else {}),
+    }
+
+
+def _settings(args: argparse.Namespace, mode: str) -> None:
+    """The run flags given, as `--set` overrides (flags win over the file and the environment)."""
+    for flag, key in run_flags(mode).items():
+        value = getattr(args, flag)
+        if value is not None:
+            args.set.append(f"{key}={value}")
+    if args.domain:
+        args.set.append(f"{mode}.domains={json.dumps(args.domain)}")
+    if args.skip_unsupported:  # a training run's tasks and its periodic evaluation's
+        modes = ("train", "eval") if mode == "train" else ("eval",)
+        args.set += [f"{m}.skip_unsupported=true" for m in modes]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -121,14 +237,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from guirl.eval import run_eval
     from guirl.log import setup_logging
 
-    for flag, path in EVAL_FLAGS.items():  # flags win over the file and the environment
-        value = getattr(args, flag)
-        if value is not None:
-            args.set.append(f"{path}={value}")
-    if args.domain:
-        args.set.append(f"eval.domains={json.dumps(args.domain)}")
-    if args.skip_unsupported:
-        args.set.append("eval.skip_unsupported=true")
+    _settings(args, "eval")
     cfg = _load(args, "eval")
     if args.dry_run:
         return _dry_run(cfg, "eval")
@@ -146,15 +255,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-TRAIN_FLAGS = {
-    "tasks": "train.tasks",
-    "updates": "train.updates",
-    "workers": "eval.workers",
-    "max_steps": "agent.max_steps",
-    "ckpt": "model.hf_ckpt",
-}
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     import uvloop
 
@@ -162,14 +262,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from guirl.log import setup_logging
     from guirl.train import run_train
 
-    for flag, path in TRAIN_FLAGS.items():
-        value = getattr(args, flag)
-        if value is not None:
-            args.set.append(f"{path}={value}")
+    _settings(args, "train")
     if args.sync:
         args.set.append("train.sync=true")
-    if args.skip_unsupported:  # the training tasks and the periodic evaluation's
-        args.set += ["train.skip_unsupported=true", "eval.skip_unsupported=true"]
     run_dir = None
     if args.resume:
         from pathlib import Path
@@ -259,7 +354,11 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     from guirl.vmpool.tasks.check import check, render
 
     report = check([Path(p) for p in args.paths])
-    print(render(report))
+    if report.domains:
+        print(render(report))
+    elif report.errors:  # nothing could be read: the errors alone, not an empty table
+        for error in report.errors:
+            print(f"guirl tasks check: {error}", file=sys.stderr)
     return 1 if report.errors else 0
 
 
@@ -321,32 +420,16 @@ def cmd_prm_score(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from guirl.cli.replay import add_arguments as replay_arguments
 
-    parser = argparse.ArgumentParser(prog="guirl", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    parser = Parser(prog="guirl", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"guirl {__version__}")
+    sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
     p = sub.add_parser("eval", help="evaluation-only mode: run an eval set, report accuracy per domain")
-    _config_args(p)
-    p.add_argument("--tasks", help="meta list of tasks ({domain: [ids]}), e.g. tasks/local/test.json")
-    p.add_argument("--domain", action="append", default=[], help="only this domain (repeatable)")
-    p.add_argument("--limit", type=int, help="only the first N tasks")
-    p.add_argument("--workers", type=int, help="env worker processes")
-    p.add_argument("--vms-per-worker", type=int, help="VMs (concurrent episodes) per env worker")
-    p.add_argument("--backend", choices=["hf", "openai", "scripted", "sglang"], help="inference backend")
-    p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
-    p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
-    _skip_unsupported_arg(p)
-    _dry_run_arg(p)
+    _run_args(p, "eval")
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("train", help="RL mode: GRPO with env workers acting while the learner trains")
-    _config_args(p)
-    p.add_argument("--tasks", help="meta list of training tasks ({domain: [ids]})")
-    p.add_argument("--updates", type=int, help="policy updates to make")
-    p.add_argument("--workers", type=int, help="env worker processes")
-    p.add_argument("--ckpt", help="policy checkpoint directory (HF_CKPT), or 'tiny'")
-    p.add_argument("--max-steps", type=int, help="steps before an episode is truncated")
+    _run_args(p, "train")
     p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
-    _skip_unsupported_arg(p)
-    _dry_run_arg(p)
     p.set_defaults(func=cmd_train)
     p = sub.add_parser("data", help="single-step grounding data: synthetic rows, checking a dataset file")
     from guirl.data.cli import add_arguments as data_arguments
@@ -444,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
+    _mark(parser)
     return parser
 
 
@@ -452,7 +536,13 @@ def main(argv: list[str] | None = None) -> int:
     from guirl.errors import InputError
     from guirl.runtime.errors import FatalError
 
-    args = build_parser().parse_args(argv)
+    args, extras = build_parser().parse_known_args(argv)
+    chosen: Parser = args._parser
+    if extras:
+        chosen.unrecognized(extras)
+    if any(getattr(args, a.dest) is None for a in chosen.subcommands()):
+        chosen.print_help()  # a command group alone (or `guirl` alone): what it offers
+        return 0
     try:
         return int(args.func(args) or 0)
     except ConfigError as exc:

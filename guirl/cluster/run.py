@@ -75,9 +75,8 @@ class ClusterRun:
         """The one-host cluster of a single-machine command: the config's endpoints, workers and VMs."""
         from guirl.placement import vm_split
 
-        e = cfg.eval
-        vms = vm_split(cfg.env.max_envs, e.workers, e.vms_per_worker)
-        spec = single_host("guirl", workers=e.workers, learner=True)
+        vms = vm_split(cfg.env.max_envs, cfg.env.workers, cfg.env.vms_per_worker)
+        spec = single_host("guirl", workers=cfg.env.workers, learner=True)
         run = cls(spec)
         run.slots = [("local", n) for n in vms]
         run.next_worker = len(vms)
@@ -126,8 +125,9 @@ class ClusterRun:
             train=train,
             endpoints=endpoints,
             runtime=msgspec.structs.replace(cfg.runtime, curve_keys_dir=keys or cfg.runtime.curve_keys_dir),
-            eval=msgspec.structs.replace(cfg.eval, workers=workers, vms_per_worker=0),
-            env=msgspec.structs.replace(cfg.env, max_envs=sum(n for _, n in self.slots) or 1),
+            env=msgspec.structs.replace(
+                cfg.env, workers=workers, vms_per_worker=0, max_envs=sum(n for _, n in self.slots) or 1
+            ),
         )
 
     def prepare(self, cfg: GuirlConfig, mode: str) -> GuirlConfig:

@@ -7,6 +7,7 @@ set it through the environment, add the variable to ``ENV_VARS`` (and to ``SECRE
 """
 
 import ast
+import difflib
 import functools
 import inspect
 import logging
@@ -123,6 +124,8 @@ RENAMED_KEYS = {
     "eval.fault_kill_vm_at_step": "faults.kill_vm_at_step",
     "train.fault_kill_prm_at_version": "faults.kill_prm_at_version",
     "train.fault_kill_learner_at_version": "faults.kill_learner_at_version",
+    "env.workers": "env.workers",
+    "env.vms_per_worker": "env.vms_per_worker",
 }
 """Keys that moved: an old name (in a run directory's saved `config.toml`, a user's file or `--set`) is
 read as its new one, with a warning saying so."""
@@ -143,7 +146,7 @@ def _flatten(data: Mapping[str, Any], source: str, cls: type, prefix: str, out: 
             out[new] = (value, f"{source}, as {path}")
             continue
         if key not in fields:
-            raise ConfigError(f"unknown key {path!r} (from {source})")
+            raise ConfigError(f"unknown key {path!r} (from {source}){_did_you_mean(key, fields, prefix)}")
         if path in out and out[path][1].startswith(f"{source}, as "):
             old = out[path][1].removeprefix(f"{source}, as ")
             raise ConfigError(f"{old} and {path} are one setting, given twice (from {source}): keep {path}")
@@ -157,6 +160,12 @@ def _flatten(data: Mapping[str, Any], source: str, cls: type, prefix: str, out: 
             raise ConfigError(f"unknown key {f'{path}.{next(iter(value))}'!r} (from {source})")
         else:
             out[path] = (value, source)
+
+
+def _did_you_mean(key: str, fields: Mapping[str, Any], prefix: str) -> str:
+    """ "; did you mean 'train.lr'?" for the closest key of the section `key` was given in, "" if none is."""
+    close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+    return f"; did you mean {prefix + close[0]!r}?" if close else ""
 
 
 def _from_toml_file(path: Path) -> _Layer:

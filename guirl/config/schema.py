@@ -213,6 +213,10 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     max_envs: PosInt = 64
     """Most environments (VMs or desktops) alive at once."""
+    workers: PosInt = 1
+    """Env worker processes (`--workers`), in every mode; a cluster file sets them per host instead."""
+    vms_per_worker: NonNegInt = 0
+    """VMs each env worker owns (episodes it runs at once); 0 = `env.max_envs` shared out over the workers."""
     prewarm_envs: NonNegInt = 64
     """Environments created ahead of demand at startup."""
     provider: Literal["local", "aws", "volcengine", "aliyun"] = "local"
@@ -630,10 +634,6 @@ class EvalConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Only these domains of the meta list (empty = all)."""
     limit: NonNegInt = 0
     """Run only the first N tasks (0 = all)."""
-    workers: PosInt = 1
-    """Env worker processes."""
-    vms_per_worker: NonNegInt = 0
-    """VMs each env worker owns (episodes it runs at once); 0 = `env.max_envs` shared out over the workers."""
     max_attempts: PosInt = 3
     """Attempts of a task before an environment fault aborts it (environment errors retry elsewhere)."""
     setup_timeout_s: PosFloat = 300.0
@@ -650,6 +650,10 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     tasks: str = "tasks/local/train.json"
     """Meta list of the training tasks (`{domain: [task ids]}`)."""
+    domains: list[str] = msgspec.field(default_factory=list)
+    """Only these domains of the training meta list (empty = all)."""
+    limit: NonNegInt = 0
+    """Train only on the first N tasks (0 = all)."""
     skip_unsupported: bool = False
     """Leave out, listed as skipped, the training tasks guirl cannot set up or score (off: refused)."""
     updates: NonNegInt = 0

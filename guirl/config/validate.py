@@ -13,9 +13,10 @@ process may use) is checked where it is used (`guirl.placement`, `guirl.roles.cp
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from typing import Literal
 
-from guirl.config.schema import GuirlConfig, HFBackendConfig, SGLangBackendConfig
+from guirl.config.schema import ENV_VARS, GuirlConfig, HFBackendConfig, SGLangBackendConfig
 from guirl.errors import InputError
 
 
@@ -36,19 +37,34 @@ def validate(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) ->
     """Check `cfg`'s cross-field rules for a run in `mode` ("eval" or "train"; None: a config only
     loaded, to be shown or handed on, which any well-typed tree is); InputError otherwise. `gpus=False`
     leaves out the GPU counts (NUM_GPUS...), which a cluster file naming its roles' GPUs replaces."""
+    found = problems(cfg, mode, gpus=gpus)
+    if len(found) == 1:
+        raise InputError(found[0])
+    if found:
+        raise InputError(f"{len(found)} problems:\n" + "\n".join(f"  - {p}" for p in found))
+
+
+def problems(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) -> list[str]:
+    """Every rule `cfg` breaks for a run in `mode`, each rule's message once (`validate` raises them)."""
     if mode not in (None, "eval", "train"):
         raise ValueError(f"mode must be None, 'eval' or 'train', got {mode!r}")
     if mode is None:
-        return
-    check_chaos(cfg)
+        return []
+    checks: list[Callable[[], None]] = [lambda: check_chaos(cfg)]
     if gpus:
-        check_gpus(cfg, mode)
+        checks.append(lambda: check_gpus(cfg, mode))
     desktops = not (cfg.data.eval if mode == "eval" else cfg.data.train or cfg.data.eval)
     if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
-        check_cloud(cfg.env.provider, cfg.cloud)
-        check_prompt_style(cfg)
+        checks += [lambda: check_cloud(cfg.env.provider, cfg.cloud), lambda: check_prompt_style(cfg)]
     if mode == "train":
-        check_train(cfg)
+        checks.append(lambda: check_train(cfg))
+    found = []
+    for check in checks:
+        try:
+            check()
+        except InputError as exc:
+            found.append(str(exc))
+    return found
 
 
 def check_chaos(cfg: GuirlConfig) -> None:
@@ -79,11 +95,22 @@ def check_cloud(provider: str, cloud: object) -> None:
         return
     if provider not in CLOUDS:
         raise InputError(f"env.provider = {provider!r}: not a cloud (one of {', '.join(CLOUDS)})")
-    check_cidr(cloud.cluster_cidr)  # type: ignore[attr-defined]
     section = getattr(cloud, provider)
-    missing = [f"cloud.{provider}.{k}" for k in CLOUD_REQUIRED[provider] if not getattr(section, k)]
-    if missing:
-        raise InputError(f"env.provider = {provider!r} needs {', '.join(missing)}")
+    keys = [f"cloud.{provider}.{k}" for k in CLOUD_REQUIRED[provider] if not getattr(section, k)]
+    if not cloud.cluster_cidr:  # type: ignore[attr-defined]
+        keys.insert(0, "cloud.cluster_cidr")
+    found = []
+    if keys:  # all of them at once, each with the variable that sets it
+        env_of = {path: name for name, path in ENV_VARS.items()}
+        missing = [f"{k} ({env_of[k]})" if k in env_of else k for k in keys]
+        found.append(f"env.provider = {provider!r} needs {', '.join(missing)}")
+    if cloud.cluster_cidr:  # type: ignore[attr-defined]
+        try:
+            check_cidr(cloud.cluster_cidr)  # type: ignore[attr-defined]
+        except InputError as exc:
+            found.append(str(exc))
+    if found:
+        raise InputError("; ".join(found))
 
 
 def check_prompt_style(cfg: GuirlConfig) -> None:

@@ -133,7 +133,7 @@ def test_pyautogui_action_space_and_a_suite_with_an_unsupported_task(tmp_path):
         "--set",
         "env.action_space=pyautogui",
         "--set",
-        "eval.vms_per_worker=1",
+        "env.vms_per_worker=1",
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert summary["tasks"] == 3 and summary["accuracy"] == 1.0 and summary["env_errors"] == 0, summary
@@ -190,6 +190,6 @@ def test_bad_inputs_fail_fast_with_a_clear_message(tmp_path):
     assert out.returncode == 2 and "plain file name" in out.stderr
     out, _ = _eval(tmp_path, "--backend", "scripted", "--domain", "nope")
     assert out.returncode == 2 and "no domain" in out.stderr
-    out, _ = _eval(tmp_path, "--backend", "scripted", "--set", "eval.workers=0")
-    assert out.returncode == 2 and "eval.workers" in out.stderr
+    out, _ = _eval(tmp_path, "--backend", "scripted", "--set", "env.workers=0")
+    assert out.returncode == 2 and "env.workers" in out.stderr
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # nothing started, no run directory left

@@ -84,7 +84,7 @@ def test_grpo_on_rows_logs_each_reward_component(tmp_path, sft_model):
         "--set",
         "rollout.n_samples_per_prompt=2",
         "--set",
-        "eval.vms_per_worker=4",
+        "env.vms_per_worker=4",
         "--set",
         "agent.max_new_tokens=24",
     )

@@ -269,7 +269,7 @@ def test_a_cluster_places_every_role(tmp_path):
     )
     assert cfg.endpoints.learner == "tcp://10.1.0.1:7002"
     assert cfg.runtime.curve_keys_dir == str(tmp_path / "keys")
-    assert cfg.eval.workers == 4 and cfg.env.max_envs == 14 and cfg.train.ranks == 2
+    assert cfg.env.workers == 4 and cfg.env.max_envs == 14 and cfg.train.ranks == 2
     assert cluster.slots == [("cpu", 4)] * 3 + [("head", 2)]
     spec = cluster.on_host(ActorSpec(name="worker0", target="guirl.x:Y"), "cpu")
     assert spec.host == "cpu" and spec.env == {"GUIRL_HOST_ADDRESS": "10.1.0.2"}
@@ -277,7 +277,7 @@ def test_a_cluster_places_every_role(tmp_path):
 
 
 def test_the_one_host_cluster_leaves_the_config_alone():
-    cfg = load_config(None, overrides=["eval.workers=3", "env.max_envs=7"])
+    cfg = load_config(None, overrides=["env.workers=3", "env.max_envs=7"])
     cluster = ClusterRun.local(cfg)
     assert cluster.apply(cfg) is cfg and cluster.slots == [("local", 3), ("local", 2), ("local", 2)]
     spec = cluster.on_host(ActorSpec(name="w", target="guirl.x:Y"), "local")

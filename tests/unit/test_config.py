@@ -121,7 +121,9 @@ def test_bad_value_from_set_names_key_value_and_source() -> None:
 
 def test_unknown_key_in_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[runtime]\nheartbeat_intervall = 1.0\n")
-    assert error_message(path, env={}) == f"unknown key 'runtime.heartbeat_intervall' (from {path})"
+    assert error_message(path, env={}) == (
+        f"unknown key 'runtime.heartbeat_intervall' (from {path}); did you mean 'runtime.heartbeat_interval_s'?"
+    )
 
 
 def test_unknown_section_in_file(tmp_path: Path) -> None:
@@ -130,7 +132,9 @@ def test_unknown_section_in_file(tmp_path: Path) -> None:
 
 
 def test_unknown_key_from_set() -> None:
-    assert error_message(env={}, overrides=["demo.stepz=3"]) == "unknown key 'demo.stepz' (from --set)"
+    assert error_message(env={}, overrides=["demo.stepz=3"]) == (
+        "unknown key 'demo.stepz' (from --set); did you mean 'demo.steps'?"
+    )
     assert error_message(env={}, overrides=["run.name.x=3"]) == "unknown key 'run.name.x' (from --set)"
 
 

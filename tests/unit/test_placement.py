@@ -326,7 +326,7 @@ def test_dry_run_bad_split_fails_clearly(
 @pytest.mark.parametrize(
     ("name", "value", "says"),
     [
-        ("GUI_CLUSTER_CIDR", "", "cloud.cluster_cidr is required"),
+        ("GUI_CLUSTER_CIDR", "", "cloud.cluster_cidr (GUI_CLUSTER_CIDR)"),
         ("GUI_CLUSTER_CIDR", "0.0.0.0/0", "to the internet"),
         ("GUI_CLUSTER_CIDR", "8.8.0.0/16", "to the internet"),
         ("VOLCENGINE_IMAGE_ID", "", "cloud.volcengine.image_id"),

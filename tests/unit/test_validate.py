@@ -86,7 +86,19 @@ def _load(*overrides: str, mode: str | None = None):
             ["agent.prompt_style=gui-rl", "agent.response_format=computer_use", "inference.backend=openai"],
             'needs inference.backend "hf" or "sglang"',
         ),
-        ("eval", ["env.provider=aws"], "cloud.cluster_cidr is required"),
+        (
+            "eval",
+            ["env.provider=aws"],
+            "env.provider = 'aws' needs cloud.cluster_cidr (GUI_CLUSTER_CIDR), cloud.aws.image_id, ",
+        ),
+        (
+            "eval",
+            ["env.provider=volcengine", "cloud.volcengine.image_id=img"],
+            "needs cloud.cluster_cidr (GUI_CLUSTER_CIDR), cloud.volcengine.access_key (VOLC_ACCESSKEY), "
+            "cloud.volcengine.secret_key (VOLC_SECRETKEY), "
+            "cloud.volcengine.subnet_id (VOLCENGINE_SUBNET_ID), "
+            "cloud.volcengine.security_group_id (VOLCENGINE_SECURITY_GROUP_ID)",
+        ),
         ("eval", ["env.provider=aws", "cloud.cluster_cidr=0.0.0.0/0"], "would open the VM server"),
         ("eval", ["env.provider=aws", "cloud.cluster_cidr=10.0.0.0/16"], "needs cloud.aws.image_id"),
         ("train", ["inference.backend=scripted", "train.updates=2"], "training needs the engine's token ids"),
@@ -150,3 +162,25 @@ def test_a_renamed_key_is_read_as_its_new_name(tmp_path, caplog):
     # in different sources, the later one wins as for any key
     saved.write_text("[eval]\nfault_kill_vm_at_step = 2\n")
     assert load_config(saved, env={}, overrides=["faults.kill_vm_at_step=5"]).faults.kill_vm_at_step == 5
+
+
+def test_every_broken_rule_is_said_at_once():
+    with pytest.raises(InputError) as err:
+        _load("env.provider=aws", "inference.backend=scripted", "chaos.seed=3", "chaos.busy=2", mode="train")
+    said = str(err.value)
+    assert said.startswith("3 problems:\n")
+    for part in (
+        "runtime.fault_injection",
+        "cloud.cluster_cidr (GUI_CLUSTER_CIDR)",
+        "training needs the engine",
+    ):
+        assert part in said
+
+
+def test_a_misspelt_key_gets_a_suggestion():
+    with pytest.raises(
+        ConfigError, match=r"unknown key 'train.lrr' \(from --set\); did you mean 'train.lr'\?"
+    ):
+        _load("train.lrr=1")
+    with pytest.raises(ConfigError, match=r"unknown key 'trian' .*did you mean 'train'\?"):
+        _load("trian.lr=1")
