@@ -60,7 +60,7 @@ async def run_train(
     cfg = apply(cfg, placement)
     ckpt = resolve_checkpoint(cfg)
     judge_ckpt = resolve_prm_checkpoint(cfg) if cfg.prm.enabled else None
-    resume_from = _resume_point(run_dir) if resume else None
+    resume_from = resume_point(run_dir) if resume else None
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
     tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
@@ -130,7 +130,7 @@ async def _train(
     return summary
 
 
-def _resume_point(run_dir: Path | None) -> Path:
+def resume_point(run_dir: Path | None) -> Path:
     """The latest complete checkpoint of the train run `run_dir`; InputError if there is none."""
     from guirl.learner.checkpoint import latest_checkpoint
 

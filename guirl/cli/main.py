@@ -160,18 +160,43 @@ def _load(args: argparse.Namespace, mode: str | None = None):
     return load_config(args.config, overrides=args.set, mode=mode)
 
 
-def _dry_run(cfg, mode: str) -> int:
-    """Check what a run of `cfg` (loaded for `mode`: its rules are checked) would need and print its plan,
-    starting nothing (no run directory, no process, no torch)."""
+def _dry_run(args: argparse.Namespace, mode: str, resume: Any = None) -> int:
+    """Check everything a run of `mode` would check before starting (the config's rules, the GPU plan,
+    the task lists and their domains, the checkpoints, the run to resume), say every problem at once, and
+    print the plan when there is none; nothing starts (no run directory, no process, no torch)."""
+    from guirl import roles
+    from guirl.config.validate import problems
+    from guirl.errors import InputError
     from guirl.model.checkpoints import TINY, resolve_checkpoint, resolve_prm_checkpoint
     from guirl.placement import plan
 
-    placement = plan(cfg, mode)
-    # the checkpoint checks the run makes first; "tiny" is built on first use, so it is taken as given here
-    if cfg.model.hf_ckpt != TINY:
-        resolve_checkpoint(cfg)
+    cfg = _load(args)  # typed; the rules between fields are the first of the checks below
+    found = problems(cfg, mode)
+    checks = [lambda: roles.suite(cfg, mode)]  # type: ignore[arg-type]
+    if mode == "train" and cfg.train.eval_every:
+        checks.append(lambda: roles.suite(cfg, "eval", in_training=True))
+    if cfg.model.hf_ckpt != TINY:  # "tiny" is built on first use, so it is taken as given here
+        checks.append(lambda: resolve_checkpoint(cfg))
     if mode == "train" and cfg.prm.enabled and cfg.model.prm_model_path != TINY:
-        resolve_prm_checkpoint(cfg)
+        checks.append(lambda: resolve_prm_checkpoint(cfg))
+    if resume is not None:
+        checks.append(resume)
+    placement = None
+    if not found:  # the GPU plan needs the rules to hold
+        try:
+            placement = plan(cfg, mode)  # type: ignore[arg-type]
+        except InputError as exc:
+            found.append(str(exc))
+    for check in checks:
+        try:
+            check()
+        except InputError as exc:
+            found.append(str(exc))
+    if found:
+        print(f"guirl {mode} --dry-run: {len(found)} problem(s); nothing was started", file=sys.stderr)
+        for problem in found:
+            print(f"  - {problem}", file=sys.stderr)
+        return 2
     print(placement.describe(cfg))
     return 0
 
@@ -238,9 +263,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from guirl.log import setup_logging
 
     _settings(args, "eval")
-    cfg = _load(args, "eval")
     if args.dry_run:
-        return _dry_run(cfg, "eval")
+        return _dry_run(args, "eval")
+    cfg = _load(args, "eval")
     setup_logging("eval", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         summary = uvloop.run(run_eval(cfg))
@@ -269,12 +294,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         from pathlib import Path
 
+        from guirl.errors import InputError
+        from guirl.train import resume_point
+
         run_dir = Path(args.resume)
+        if not (run_dir / "config.toml").is_file():
+            raise InputError(f"--resume {args.resume}: not a run directory (no config.toml in it)")
         if args.config is None:  # the run's own resolved configuration (secrets come from the environment)
             args.config = str(run_dir / "config.toml")
-    cfg = _load(args, "train")
     if args.dry_run:
-        return _dry_run(cfg, "train")
+        return _dry_run(args, "train", (lambda: resume_point(run_dir)) if run_dir else None)
+    cfg = _load(args, "train")
     setup_logging("train", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
         summary = uvloop.run(run_train(cfg, run_dir, resume=run_dir is not None))

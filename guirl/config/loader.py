@@ -124,8 +124,8 @@ RENAMED_KEYS = {
     "eval.fault_kill_vm_at_step": "faults.kill_vm_at_step",
     "train.fault_kill_prm_at_version": "faults.kill_prm_at_version",
     "train.fault_kill_learner_at_version": "faults.kill_learner_at_version",
-    "env.workers": "env.workers",
-    "env.vms_per_worker": "env.vms_per_worker",
+    "eval.workers": "env.workers",
+    "eval.vms_per_worker": "env.vms_per_worker",
 }
 """Keys that moved: an old name (in a run directory's saved `config.toml`, a user's file or `--set`) is
 read as its new one, with a warning saying so."""
@@ -244,6 +244,66 @@ def _explain(path: str, value: Any, source: str, msgspec_message: str) -> str:
     return f"{path}: {detail}, got {value!r} (from {source})"
 
 
+PATH_KEYS = (
+    "eval.tasks",
+    "eval.examples_dir",
+    "train.tasks",
+    "inference.scripted.dir",
+    "data.train",
+    "data.eval",
+    "sft.data",
+    "sft.run_dirs",
+    "prm.template",
+    "model.hf_ckpt",
+    "model.prm_model_path",
+    "env.google_drive_settings",
+    "env.google_account",
+    "runtime.curve_keys_dir",
+    "recorder.dir",
+)
+"""Settings naming files or directories on this host: a relative one is taken from the directory of the
+config file that sets it, from the working directory when the environment or `--set` does, and from
+guirl's own tree (its shipped `tasks/`) for a default; each is made absolute, so a run's saved
+`config.toml` means the same from anywhere. `run.root_dir` is not among them: a run's output goes under
+the working directory, as GUI-RL's `GUI_RESULT_DIR` does."""
+_MODEL_KEYS = ("model.hf_ckpt", "model.prm_model_path")
+SOURCE_TREE = Path(__file__).resolve().parents[2]
+"""The tree guirl runs from: a checkout (or an editable install) has its `tasks/` and `configs/` there."""
+
+
+def _resolve_paths(layer: _Layer, from_file: _Layer, file_dir: Path | None) -> None:
+    """Make the relative values of `PATH_KEYS` in `layer` absolute (see there), defaults included."""
+    defaults = {f.path: f.default for f in describe() if f.path in PATH_KEYS}
+    shipped = SOURCE_TREE if (SOURCE_TREE / "tasks").is_dir() else Path.cwd()
+    for key in PATH_KEYS:
+        if key not in layer:
+            value, source, base = defaults[key], "default", shipped
+        else:
+            value, source = layer[key]
+            in_file = key in from_file and from_file[key][1] == source and file_dir is not None
+            base = file_dir if in_file else Path.cwd()  # type: ignore[assignment]
+        if isinstance(value, list):
+            resolved: Any = [_resolved(key, v, base) if isinstance(v, str) else v for v in value]
+        else:
+            resolved = _resolved(key, value, base) if isinstance(value, str) else value
+        if resolved != value or key in layer:
+            layer[key] = (resolved, source)
+
+
+def _resolved(key: str, value: str, base: Path) -> str:
+    if not value or value == "tiny" or value.startswith("synth:"):
+        return value  # none, the tiny model, generated rows
+    if key == "prm.template" and not value.endswith(".toml"):
+        return value  # a built-in template's name
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    candidate = Path(os.path.normpath(base / path))
+    if key in _MODEL_KEYS and not candidate.exists() and not value.startswith("."):
+        return value  # a Hugging Face id (`Qwen/Qwen3-VL-4B-Instruct`), looked up in the local cache
+    return str(candidate)
+
+
 def _unflatten(layer: _Layer) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for path, (value, _) in layer.items():
@@ -270,12 +330,14 @@ def load_config(
     value is used as one (``3``, ``true``, ``["in"]``), anything else as a plain string.
     """
     layer: _Layer = {}
+    from_file: _Layer = {}
     if path is not None:
         from_file = _from_toml_file(Path(path))
         # a saved (resolved) config has its secrets redacted: "***" is no key; the environment brings it
         layer.update({k: v for k, v in from_file.items() if not (k in SECRET_KEYS and v[0] == REDACTED)})
     layer.update(_from_env(os.environ if env is None else env))
     layer.update(_from_overrides(overrides))
+    _resolve_paths(layer, from_file, Path(path).resolve().parent if path is not None else None)
     try:
         cfg = msgspec.convert(_unflatten(layer), GuirlConfig)
     except msgspec.ValidationError as exc:

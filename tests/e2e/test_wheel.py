@@ -152,13 +152,13 @@ def test_the_installed_wheel_is_what_runs(install):
 def test_guirl_eval_runs_the_shipped_suite_from_the_wheel(install):
     # the shipped config and suite, copied: the run reads nothing of the checkout but its venv's packages
     work = install["work"] / "eval"
-    (work / "tasks").mkdir(parents=True)
-    shutil.copy2(ROOT / "configs" / "local_eval.toml", work / "local_eval.toml")
+    (work / "configs").mkdir(parents=True)  # the config's paths are its own directory's: ../tasks/local
+    shutil.copy2(ROOT / "configs" / "local_eval.toml", work / "configs" / "local_eval.toml")
     shutil.copytree(ROOT / "tasks" / "local", work / "tasks" / "local")
     meta = json.loads((work / "tasks" / "local" / "test.json").read_text())
     n_tasks = sum(len(ids) for ids in meta.values())
     guirl = str(install["venv"] / "bin" / "guirl")
-    cmd = [guirl, "eval", "--config", "local_eval.toml", "--backend", "scripted", "--max-steps", "15", *FAST]
+    cmd = [guirl, "eval", "--config", "configs/local_eval.toml", "--backend", "scripted", "--max-steps", "15", *FAST]
     out = _run([*cmd, "--set", "run.root_dir=runs"], cwd=work, timeout=400)
     _ok(out, "guirl eval from the installed wheel")
     (found,) = (work / "runs").glob("*/summary.json")

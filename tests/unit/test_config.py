@@ -19,6 +19,7 @@ from guirl.config import (
     save_resolved,
     to_toml,
 )
+from guirl.config.loader import SOURCE_TREE
 
 
 def write(tmp_path: Path, text: str, name: str = "config.toml") -> Path:
@@ -29,7 +30,17 @@ def write(tmp_path: Path, text: str, name: str = "config.toml") -> Path:
 
 def test_defaults_load() -> None:
     cfg = load_config(env={})
-    assert cfg == GuirlConfig()
+    # the default paths name guirl's shipped tasks, from anywhere
+    shipped = SOURCE_TREE / "tasks" / "local"
+    assert (cfg.eval.tasks, cfg.train.tasks) == (str(shipped / "test.json"), str(shipped / "train.json"))
+    assert cfg.inference.scripted.dir == str(shipped / "solutions")
+    relative = msgspec.structs.replace(
+        cfg,
+        eval=msgspec.structs.replace(cfg.eval, tasks=GuirlConfig().eval.tasks),
+        train=msgspec.structs.replace(cfg.train, tasks=GuirlConfig().train.tasks),
+        inference=msgspec.structs.replace(cfg.inference, scripted=GuirlConfig().inference.scripted),
+    )
+    assert relative == GuirlConfig()
     assert cfg.runtime.heartbeat_interval_s == 1.0
     assert cfg.codec.max_frame_bytes == 64 * 2**20
     assert cfg.recorder.directions == ["in", "out"]
@@ -122,7 +133,8 @@ def test_bad_value_from_set_names_key_value_and_source() -> None:
 def test_unknown_key_in_file(tmp_path: Path) -> None:
     path = write(tmp_path, "[runtime]\nheartbeat_intervall = 1.0\n")
     assert error_message(path, env={}) == (
-        f"unknown key 'runtime.heartbeat_intervall' (from {path}); did you mean 'runtime.heartbeat_interval_s'?"
+        f"unknown key 'runtime.heartbeat_intervall' (from {path}); "
+        "did you mean 'runtime.heartbeat_interval_s'?"
     )
 
 

@@ -287,6 +287,12 @@ def test_shipped_gpu_configs_plan(name: str) -> None:
 # -- guirl train|eval --dry-run -------------------------------------------------------------------------
 
 
+OSWORLD_TASKS = {  # the osworld configs' task lists come from an OSWorld checkout: the local suite stands in
+    "GUI_EVAL_TASKS": str(ROOT / "tasks" / "local" / "test.json"),
+    "GUI_TRAIN_TASKS": str(ROOT / "tasks" / "local" / "train.json"),
+}
+
+
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A clean environment (no GUI-RL variables, no CUDA_VISIBLE_DEVICES) and an empty working directory."""
@@ -294,7 +300,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_CKPT", str(tmp_path / "ckpt"))
     monkeypatch.setenv("PRM_MODEL_PATH", str(tmp_path / "judge"))
-    for name, value in CLOUD_ENV.items():
+    for name, value in {**CLOUD_ENV, **OSWORLD_TASKS}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -363,7 +369,7 @@ def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
         f"rc = main(['train', '--config', {str(CONFIGS / 'osworld_qwen3vl_8b_rl.toml')!r}, '--dry-run']); "
         "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'"
     )
-    env = {"PATH": "/usr/bin:/bin", "HF_CKPT": "/ckpt", "PYTHONPATH": str(ROOT), **CLOUD_ENV}
+    env = {"PATH": "/usr/bin:/bin", "HF_CKPT": "/ckpt", "PYTHONPATH": str(ROOT), **CLOUD_ENV, **OSWORLD_TASKS}
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
