@@ -3,6 +3,8 @@ checked before anything starts; "tiny" names the tiny random Qwen3-VL, built off
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 from guirl.config import GuirlConfig
@@ -16,8 +18,8 @@ TINY_CACHE = Path(".cache") / "tiny-qwen3vl"
 def resolve_checkpoint(cfg: GuirlConfig) -> str:
     """The policy checkpoint path the broker loads ("" for backends that need none)."""
     ckpt = cfg.model.hf_ckpt
-    if cfg.inference.backend != "hf":
-        return ckpt
+    if cfg.inference.backend not in ("hf", "sglang"):
+        return ckpt  # an OpenAI-compatible server names its model itself; scripted answers need none
     return _hf_checkpoint(
         ckpt,
         "model.hf_ckpt",
@@ -35,7 +37,7 @@ def resolve_prm_checkpoint(cfg: GuirlConfig) -> str:
         "prm.enabled needs a judge: set PRM_MODEL_PATH (or model.prm_model_path) to its checkpoint, "
         '"tiny" for the tiny random Qwen3-VL, or prm.backend = "scripted"'
     )
-    if backend == "hf":
+    if backend in ("hf", "sglang"):  # an SGLang server is given a directory, never an id to download
         return _hf_checkpoint(path, "model.prm_model_path", missing)
     if not path:
         raise InputError(missing)
@@ -51,6 +53,35 @@ def _hf_checkpoint(path: str, key: str, missing: str) -> str:
         return str(ensure_tiny_checkpoint(TINY_CACHE))
     if not path:
         raise InputError(missing)
-    if not Path(path, "config.json").is_file():
-        raise InputError(f"{key}={path!r} is not a checkpoint directory (no config.json in it)")
-    return path
+    if Path(path, "config.json").is_file():
+        return path
+    if HUB_ID.fullmatch(path) and not Path(path).exists():
+        return _from_hub_cache(path, key)
+    raise InputError(f"{key}={path!r} is not a checkpoint directory (no config.json in it)")
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face model id (`Qwen/Qwen3-VL-4B-Instruct`): a checkpoint found in the local cache."""
+
+
+def _from_hub_cache(repo_id: str, key: str) -> str:
+    """The snapshot of `repo_id` in the local Hugging Face cache (`HF_HUB_CACHE`, or `HF_HOME`/hub); guirl
+    never downloads at run time, so a model not there is an error saying how to get it."""
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    env = os.environ  # read now, not when huggingface_hub was imported
+    cache = env.get("HF_HUB_CACHE") or (os.path.join(env["HF_HOME"], "hub") if env.get("HF_HOME") else None)
+    cache = cache or constants.HF_HUB_CACHE
+    try:
+        found = snapshot_download(repo_id, local_files_only=True, cache_dir=cache)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        found = None
+    if found is None or not Path(found, "config.json").is_file():
+        raise InputError(
+            f"{key}={repo_id!r}: not a directory, and no complete snapshot of it in the local Hugging Face "
+            f"cache ({cache}); guirl never downloads at run time: get it first with "
+            f"`hf download {repo_id}` (huggingface_hub's CLI; `huggingface-cli download` in older "
+            "releases), or give the checkpoint's directory"
+        )
+    return found

@@ -158,7 +158,8 @@ def test_guirl_eval_runs_the_shipped_suite_from_the_wheel(install):
     meta = json.loads((work / "tasks" / "local" / "test.json").read_text())
     n_tasks = sum(len(ids) for ids in meta.values())
     guirl = str(install["venv"] / "bin" / "guirl")
-    cmd = [guirl, "eval", "--config", "configs/local_eval.toml", "--backend", "scripted", "--max-steps", "15", *FAST]
+    config = ["--config", "configs/local_eval.toml"]
+    cmd = [guirl, "eval", *config, "--backend", "scripted", "--max-steps", "15", *FAST]
     out = _run([*cmd, "--set", "run.root_dir=runs"], cwd=work, timeout=400)
     _ok(out, "guirl eval from the installed wheel")
     (found,) = (work / "runs").glob("*/summary.json")

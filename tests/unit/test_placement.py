@@ -298,12 +298,16 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A clean environment (no GUI-RL variables, no CUDA_VISIBLE_DEVICES) and an empty working directory."""
     for name in (*GUI_RL_VARS, "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_CKPT", str(tmp_path / "ckpt"))
-    monkeypatch.setenv("PRM_MODEL_PATH", str(tmp_path / "judge"))
+    for name in ("ckpt", "judge"):  # checkpoints a dry run finds (their weights are never read)
+        (tmp_path / "models" / name).mkdir(parents=True)
+        (tmp_path / "models" / name / "config.json").write_text("{}")
+    monkeypatch.setenv("HF_CKPT", str(tmp_path / "models" / "ckpt"))
+    monkeypatch.setenv("PRM_MODEL_PATH", str(tmp_path / "models" / "judge"))
     for name, value in {**CLOUD_ENV, **OSWORLD_TASKS}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    return tmp_path / "work"
 
 
 def test_dry_run_prints_the_plan(clean_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -369,7 +373,11 @@ def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
         f"rc = main(['train', '--config', {str(CONFIGS / 'osworld_qwen3vl_8b_rl.toml')!r}, '--dry-run']); "
         "assert rc == 0, rc; assert 'torch' not in sys.modules, 'torch imported'"
     )
-    env = {"PATH": "/usr/bin:/bin", "HF_CKPT": "/ckpt", "PYTHONPATH": str(ROOT), **CLOUD_ENV, **OSWORLD_TASKS}
+    ckpt = tmp_path.parent / f"{tmp_path.name}-ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
+    env = {"PATH": "/usr/bin:/bin", "HF_CKPT": str(ckpt), "PYTHONPATH": str(ROOT)}
+    env.update({**CLOUD_ENV, **OSWORLD_TASKS})
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
