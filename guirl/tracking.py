@@ -1,6 +1,7 @@
 """Weights & Biases tracking of a run: online, offline (files under ``<run_dir>/wandb``) or a no-op.
 
-``Tracker.open`` resolves ``wandb.mode`` (``auto`` = online when a key is set, else disabled) and
+``Tracker.open`` resolves ``wandb.mode`` (``auto`` = online when a key is found as W&B finds one:
+``WANDB_API_KEY``, ``wandb login``'s netrc, or guirl's ``WANDB_KEY``; else disabled) and
 starts one W&B run for one job (``train``, ``eval``). Tracking never decides a result, so once a run
 is up a W&B failure only costs the charts: ``log``, ``summary`` and ``close`` catch it, warn once and
 stop logging, and training goes on. Starting is different: a mode that cannot work as configured (no
@@ -22,12 +23,14 @@ What wandb is told, and why (checked against wandb 0.31):
 """
 
 import logging
+import netrc
 import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
+from urllib.parse import urlparse
 
 from guirl.config.schema import REDACTED, SECRET_KEYS, WandbConfig
 from guirl.errors import InputError
@@ -85,16 +88,50 @@ class TrackingError(InputError):
     """W&B tracking cannot start as configured; the message says what to set or install."""
 
 
+W_AND_B_MODES: dict[str, Mode] = {
+    "online": "online",
+    "run": "online",
+    "offline": "offline",
+    "dryrun": "offline",
+}
+"""W&B's own `WANDB_MODE` values (`run` and `dryrun` are its older names) and the mode each means."""
+
+
+def find_key(cfg: WandbConfig) -> tuple[str, str]:
+    """The W&B API key a run uses and where it was found, as W&B's own tools find it: `wandb.key` (from
+    guirl's `WANDB_KEY` or `--set`), then W&B's `WANDB_API_KEY`, then the netrc file `wandb login` writes
+    (`NETRC`, else `~/.netrc`) for the host of `WANDB_BASE_URL`; ("", "") when there is none."""
+    if cfg.key:
+        return cfg.key, "wandb.key"
+    if os.environ.get("WANDB_API_KEY"):
+        return os.environ["WANDB_API_KEY"], "WANDB_API_KEY"
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+    path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        entry = None
+    if entry and entry[2]:
+        return entry[2], f"{path} (`wandb login`)"
+    return "", ""
+
+
 def resolve_mode(cfg: WandbConfig) -> Mode:
-    """The mode a run uses: ``auto`` is online with a key and disabled without; online needs a key."""
+    """The mode a run uses: ``auto`` is online when a key is found (`find_key`) and disabled otherwise;
+    W&B's own values as W&B means them; online needs a key."""
+    if cfg.mode == "disabled":
+        return "disabled"
+    key = find_key(cfg)[0]
     if cfg.mode == "auto":
-        return "online" if cfg.key else "disabled"
-    if cfg.mode == "online" and not cfg.key:
+        return "online" if key else "disabled"
+    mode = W_AND_B_MODES[cfg.mode]
+    if mode == "online" and not key:
         raise TrackingError(
-            "wandb.mode is 'online' but no W&B API key is set: set WANDB_KEY (or --set wandb.key=...), "
-            "or set WANDB_MODE=offline to write the run under <run_dir>/wandb without a key"
+            f"wandb.mode is {cfg.mode!r} but no W&B API key was found: run `wandb login`, or set "
+            "WANDB_API_KEY (or guirl's WANDB_KEY); or set WANDB_MODE=offline to write the run under "
+            "<run_dir>/wandb without a key"
         )
-    return cfg.mode
+    return mode
 
 
 def flatten_metrics(metrics: Mapping[str, Any], prefix: str = "") -> dict[str, int | float]:
@@ -164,6 +201,7 @@ class Tracker:
         """
         tracker = cls()
         mode = resolve_mode(cfg)
+        key = find_key(cfg)[0]
         if mode == "disabled":
             return tracker
         run_dir = Path(run_dir)
@@ -185,7 +223,7 @@ class Tracker:
                 disable_code=True,
                 save_code=False,
                 x_disable_meta=True,  # the metadata holds sys.argv, which may hold `--set wandb.key=...`
-                api_key=cfg.key if mode == "online" else None,
+                api_key=key if mode == "online" else None,
             )
         except Exception as exc:  # an older wandb without these settings
             raise TrackingError(
@@ -203,7 +241,7 @@ class Tracker:
                 name=cfg.name or run_dir.name,
                 tags=list(cfg.tags),
                 job_type=job,
-                config=redact_config(config, secrets=(cfg.key,)),
+                config=redact_config(config, secrets=(key,)),
                 settings=settings,
                 reinit="create_new",  # a second tracker in this process is a run of its own
             )

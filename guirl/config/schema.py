@@ -249,11 +249,13 @@ class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Weights & Biases logging (`guirl.tracking`)."""
 
     key: str = ""
-    """W&B API key (needed online; never written to the run directory or sent in the run's config)."""
+    """W&B API key (WANDB_KEY, guirl's older name); empty = W&B's own: WANDB_API_KEY, or `wandb login`'s
+    netrc. Never written to the run directory or sent in the run's config."""
     project: str = "guirl"
     """W&B project name."""
-    mode: Literal["auto", "online", "offline", "disabled"] = "auto"
-    """`auto` = online with a key, else disabled; `offline` = files in <run_dir>/wandb, no key, no network."""
+    mode: Literal["auto", "online", "offline", "disabled", "dryrun", "run"] = "auto"
+    """`auto` = online when a key is found, else disabled; `offline` = files in <run_dir>/wandb, no key, no
+    network; W&B's own WANDB_MODE values mean what they mean to W&B (`dryrun` = offline, `run` = online)."""
     entity: str = ""
     """W&B entity (user or team) that owns the runs; empty = the key's default entity."""
     name: str = ""

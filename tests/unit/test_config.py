@@ -320,12 +320,12 @@ def test_wandb_settings_from_env_and_set() -> None:
     by_path = {d.path: d for d in describe()}
     assert by_path["wandb.mode"].env == "WANDB_MODE" and not by_path["wandb.mode"].secret
     assert by_path["wandb.entity"].env == "WANDB_ENTITY"
-    assert by_path["wandb.mode"].type == "'auto' | 'online' | 'offline' | 'disabled'"
+    assert by_path["wandb.mode"].type == "'auto' | 'online' | 'offline' | 'disabled' | 'dryrun' | 'run'"
 
 
 def test_bad_wandb_mode_names_the_variable() -> None:
-    assert error_message(env={"WANDB_MODE": "dryrun"}) == (
-        "wandb.mode: expected one of 'auto', 'online', 'offline', 'disabled', got 'dryrun' "
+    assert error_message(env={"WANDB_MODE": "shared"}) == (
+        "wandb.mode: expected one of 'auto', 'online', 'offline', 'disabled', 'dryrun', 'run', got 'shared' "
         "(from env WANDB_MODE)"
     )
     msg = error_message(env={}, overrides=["wandb.tags=3"])

@@ -5,6 +5,7 @@ read the run's transaction log back. Any request wandb makes goes to a loopback 
 (``WANDB_BASE_URL``), never to the internet, and wandb's cache/config files go under tmp_path.
 """
 
+import base64
 import http.server
 import json
 import logging
@@ -23,7 +24,14 @@ import pytest
 
 from guirl.config import load_config
 from guirl.config.schema import WandbConfig
-from guirl.tracking import Tracker, TrackingError, flatten_metrics, redact_config, resolve_mode
+from guirl.tracking import (
+    Tracker,
+    TrackingError,
+    find_key,
+    flatten_metrics,
+    redact_config,
+    resolve_mode,
+)
 from tests.helpers import history, read_records
 
 FAKE_KEY = "fake0key0" + "7" * 31  # shaped like a W&B key (40 characters), valid nowhere
@@ -32,6 +40,7 @@ WANDB_ENV = ("WANDB_MODE", "WANDB_SILENT", "WANDB_ERROR_REPORTING")
 
 class _Server(http.server.ThreadingHTTPServer):
     requests: list[str]
+    keys: list[str]
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -39,6 +48,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         self.server.requests.append(f"{self.command} {self.path}")  # type: ignore[attr-defined]
+        auth = self.headers.get("Authorization") or ""
+        if auth.startswith("Basic "):  # W&B sends "api:<key>"
+            self.server.keys.append(base64.b64decode(auth[6:]).decode().partition(":")[2])  # type: ignore
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         body = b'{"errors": [{"message": "user is not logged in"}]}'
         self.send_response(401)
@@ -57,7 +69,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def wandb_server() -> Iterator[_Server]:
     """A loopback stand-in for the W&B server that refuses every key and counts requests."""
     server = _Server(("127.0.0.1", 0), _Handler)
-    server.requests = []
+    server.requests, server.keys = [], []
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     yield server
@@ -69,6 +81,7 @@ def wandb_server() -> Iterator[_Server]:
 @pytest.fixture(autouse=True)
 def wandb_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wandb_server: _Server) -> None:
     """wandb's user files under tmp_path, its server on loopback, no W&B settings from the caller."""
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))  # not the caller's `wandb login`
     for name in (*WANDB_ENV, "WANDB_API_KEY", "WANDB_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR"):
         monkeypatch.delenv(name, raising=False)
     for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
@@ -102,8 +115,49 @@ def test_resolve_mode() -> None:
     assert resolve_mode(WandbConfig(key="k")) == "online"  # auto, key
     assert resolve_mode(WandbConfig(mode="offline")) == "offline"  # no key needed
     assert resolve_mode(WandbConfig(mode="disabled", key="k")) == "disabled"
-    with pytest.raises(TrackingError, match="no W&B API key is set: set WANDB_KEY.*WANDB_MODE=offline"):
+    with pytest.raises(TrackingError, match="no W&B API key was found: run `wandb login`, or set WANDB_API"):
         resolve_mode(WandbConfig(mode="online"))
+    # W&B's own values of WANDB_MODE, as W&B means them
+    assert resolve_mode(WandbConfig(mode="dryrun")) == "offline"
+    assert resolve_mode(WandbConfig(mode="run", key="k")) == "online"
+    assert load_config(None, env={"WANDB_MODE": "dryrun"}).wandb.mode == "dryrun"
+
+
+def test_the_key_is_found_where_w_and_b_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """guirl's WANDB_KEY (wandb.key), then W&B's WANDB_API_KEY, then `wandb login`'s netrc for the host of
+    WANDB_BASE_URL (the loopback stand-in here)."""
+    netrc_file = tmp_path / "netrc"
+    netrc_file.write_text(f"machine 127.0.0.1\n  login user\n  password {FAKE_KEY}n\n")
+    netrc_file.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc_file))
+    assert find_key(WandbConfig()) == (FAKE_KEY + "n", f"{netrc_file} (`wandb login`)")
+    assert resolve_mode(WandbConfig()) == "online"
+    monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY + "e")
+    assert find_key(WandbConfig()) == (FAKE_KEY + "e", "WANDB_API_KEY")
+    assert find_key(WandbConfig(key=FAKE_KEY)) == (FAKE_KEY, "wandb.key")
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_BASE_URL", "https://api.wandb.ai")  # another host: the netrc has no key for it
+    assert find_key(WandbConfig()) == ("", "") and resolve_mode(WandbConfig()) == "disabled"
+
+
+@pytest.mark.parametrize("where", ["WANDB_API_KEY", "netrc"])
+def test_w_and_bs_own_authentication_reaches_the_server(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wandb_server: _Server
+) -> None:
+    """A user who ran `wandb login` or set WANDB_API_KEY gets an online run (here refused by the stand-in,
+    which records the credentials wandb sent); the key is nowhere on disk but where the user put it."""
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    if where == "WANDB_API_KEY":
+        monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
+    else:
+        (tmp_path / "netrc").write_text(f"machine 127.0.0.1 login user password {FAKE_KEY}\n")
+        (tmp_path / "netrc").chmod(0o600)
+        monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    directory = run_dir(tmp_path)
+    with pytest.raises(TrackingError, match="W&B could not start the online run"):
+        Tracker.open(WandbConfig(), run_dir=directory, config={}, job="train")
+    assert FAKE_KEY in wandb_server.keys
+    assert files_containing(directory, FAKE_KEY) == []
 
 
 def test_flatten_keeps_numeric_leaves_with_slash_keys() -> None:
