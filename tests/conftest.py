@@ -9,6 +9,14 @@ with `--durations`), longest first; every other file keeps its place after them.
 
 from __future__ import annotations
 
+import os
+
+# No run of the suite logs to W&B with the caller's own credentials (runs left on `wandb.mode = "auto"`
+# go online whenever W&B's key is found): its tests give their own, against a loopback stand-in.
+os.environ["NETRC"] = os.devnull
+for _name in ("WANDB_API_KEY", "WANDB_KEY", "WANDB_MODE"):
+    os.environ.pop(_name, None)
+
 LONGEST_FIRST = (
     "tests/e2e/test_learning_bench.py",
     "tests/e2e/test_train_prm.py",
