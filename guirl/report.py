@@ -30,9 +30,10 @@ def progress_line(snap: dict[str, Any]) -> str:
 def domain_table(
     results: list[TaskResult], skipped: list[SkippedTask] | tuple = ()
 ) -> tuple[dict[str, dict], str]:
-    """Accuracy per domain (mean evaluator score over scored tasks; aborted tasks — environment errors
-    to the last attempt — and skipped tasks — unsupported, never run — are listed apart, never counted
-    as failures) and the table as text."""
+    """Accuracy per domain, two ways, and the table as text. `accuracy`: the mean evaluator score over the
+    scored tasks (aborted tasks — environment errors to the last attempt — are listed apart, never counted
+    as failures). `accuracy_all`: over every task run, an aborted one scoring 0, as OSWorld's own figures
+    count it. Skipped tasks (unsupported, never run) are in neither."""
     blank = {"tasks": 0, "scored": 0, "success": 0, "score_sum": 0.0, "skipped": 0}
     rows: dict[str, dict] = defaultdict(lambda: dict(blank))
     for r in results:
@@ -49,27 +50,38 @@ def domain_table(
             rows[key]["skipped"] += 1
     out: dict[str, dict] = {}
     for key, row in rows.items():
-        scored = row["scored"]
+        scored, run = row["scored"], row["tasks"] - row["skipped"]
         out[key] = {
             **row,
             "score_sum": round(row["score_sum"], 4),
-            "aborted": row["tasks"] - scored - row["skipped"],
+            "aborted": run - scored,
             "accuracy": round(row["score_sum"] / scored, 4) if scored else None,
+            "accuracy_all": round(row["score_sum"] / run, 4) if run else None,
         }
     order = sorted(k for k in out if k != "all") + ["all"]
-    names = ("tasks", 5), ("scored", 6), ("success", 7), ("aborted", 7), ("skipped", 7), ("accuracy", 9)
-    head = f"{'domain':<20} " + " ".join(f"{n:>{w}}" for n, w in names)
+    names = ("tasks", 5), ("scored", 6), ("success", 7), ("aborted", 7), ("skipped", 7)
+    head = f"{'domain':<20} " + " ".join(f"{n:>{w}}" for n, w in names) + f" {'accuracy':>9} {'all (0)':>9}"
     lines = [head]
     for key in order:
         r = out[key]
-        acc = f"{100 * r['accuracy']:.1f}%" if r["accuracy"] is not None else "-"
+        acc, acc_all = (
+            f"{100 * r[k]:.1f}%" if r[k] is not None else "-" for k in ("accuracy", "accuracy_all")
+        )
         if key == "all":
             lines.append("-" * len(head))
         lines.append(
             f"{key:<20} {r['tasks']:>5} {r['scored']:>6} {r['success']:>7} {r['aborted']:>7} "
-            f"{r['skipped']:>7} {acc:>9}"
+            f"{r['skipped']:>7} {acc:>9} {acc_all:>9}"
         )
+    lines.append(
+        "accuracy: over the scored tasks · all (0): over every task run, an aborted one as 0 (OSWorld's way) "
+        "· skipped tasks: in neither"
+    )
     return {k: out[k] for k in order}, "\n".join(lines)
+
+
+def _percent(share: float | None) -> str:
+    return f"{100 * share:.1f}%" if share is not None else "-"
 
 
 def env_utilisation(snap: dict[str, Any]) -> float | None:
@@ -204,6 +216,7 @@ def eval_summary(
         "seconds": round(seconds, 2),
         "tasks": len(results),
         "accuracy": per_domain["all"]["accuracy"],
+        "accuracy_all": per_domain["all"]["accuracy_all"],
         "domains": per_domain,
         "episodes": len(coord.ended),
         "env_errors": snap["env_errors"],
