@@ -9,12 +9,16 @@ per domain is printed and `summary.json` written in the run directory, beside th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from guirl import roles
+from guirl.actors.coordinator import TaskResult
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import RunError
 from guirl.fileio import write_json_atomic
@@ -24,9 +28,15 @@ from guirl.report import eval_end_lines, eval_summary, progress_line
 
 
 async def run_eval(
-    cfg: GuirlConfig, run_dir: Path | None = None, *, out: TextIO = sys.stdout, cluster: Any = None
+    cfg: GuirlConfig,
+    run_dir: Path | None = None,
+    *,
+    resume: bool = False,
+    out: TextIO = sys.stdout,
+    cluster: Any = None,
 ) -> dict:
-    """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary. `cluster`
+    """Run every task of `cfg.eval.tasks` once; returns (and writes) the summary. With `resume`, `run_dir`
+    is an earlier eval: the tasks it scored are kept, the others run, into one summary. `cluster`
     (`guirl.cluster.run.ClusterRun`) places the actors on hosts; none: this machine's one-host cluster."""
     from guirl.cluster.run import ClusterRun
 
@@ -36,14 +46,93 @@ async def run_eval(
     placement = cluster.plan(cfg, "eval")  # the GPU layout (per host when the cluster file names GPUs)
     cfg = apply(cfg, placement)
     ckpt = resolve_checkpoint(cfg)
+    if resume and run_dir is None:
+        raise RunError("resuming needs the run directory of the eval to resume")
+    earlier, first_seq = earlier_results(run_dir) if resume else ([], 0)  # type: ignore[arg-type]
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
     started = time.monotonic()
     source = cfg.data.eval or cfg.eval.tasks
+    if resume:
+        scored = {r.task_id for r in earlier}
+        earlier = [r for r in earlier if r.task_id in {t.task_id for t in tasks}]  # of this suite only
+        tasks = [t for t in tasks if t.task_id not in scored]
+        print(
+            f"[eval] resuming: {len(earlier)} task(s) scored earlier are kept, {len(tasks)} to run", file=out
+        )
     print(f"[eval] {len(tasks)} tasks from {source} · run directory {run_dir}", file=out)
     if skipped:
         print(f"[eval] {len(skipped)} unsupported tasks skipped (listed in the summary)", file=out)
-    coord = roles.coordinator(cfg, run_dir, "eval", tasks)
+    coord = roles.coordinator(cfg, run_dir, "eval", tasks, first_seq=first_seq)
+    run = await _play(cfg, run_dir, cluster, coord, placement, ckpt, out) if tasks else None
+    seconds = time.monotonic() - started
+    summary, table = eval_summary(
+        coord,
+        skipped,
+        run_dir=run_dir,
+        source=source,
+        backend=cfg.inference.backend,
+        ckpt=ckpt,
+        seconds=seconds,
+        earlier=earlier,
+    )
+    if run is not None and run.monkey is not None:
+        summary["chaos"] = run.monkey.summary()
+    if cfg.data.eval:
+        from guirl.data.metrics import grounding_metrics, grounding_table
+
+        summary["grounding"] = grounding_metrics(run_dir)
+        table = grounding_table(summary["grounding"])
+    write_json_atomic(run_dir / "summary.json", summary)
+    print(table, file=out)
+    eval_end_lines(summary, run_dir, seconds, out)
+    return summary
+
+
+def earlier_results(run_dir: Path) -> tuple[list[TaskResult], int]:
+    """What a resumed eval keeps of `run_dir`: each task's last scored result (`results.jsonl`; an
+    aborted one runs again, as OSWorld's runner runs an example without a result again), and the last
+    episode number its sessions used."""
+    from guirl.actors.coordinator import EPISODE_LEDGER, RESULT_LEDGER
+
+    if not (run_dir / "config.toml").is_file():
+        raise RunError(f"{run_dir}: not a run directory (no config.toml in it)")
+    if (run_dir / "coordinator.json").is_file():
+        raise RunError(f"{run_dir}: a train run; `guirl train --resume` continues it")
+    kept: dict[str, TaskResult] = {}
+    for line in _lines(run_dir / RESULT_LEDGER):
+        try:
+            result = TaskResult(**line)
+        except TypeError:
+            continue  # not a result this guirl writes
+        if result.status == "completed":
+            kept[result.task_id] = result
+    ids = (str(line.get("episode_id")) for line in _lines(run_dir / EPISODE_LEDGER))
+    seqs = [int(m.group(1)) for m in map(_EP.fullmatch, ids) if m]
+    return list(kept.values()), max(seqs, default=0)
+
+
+_EP = re.compile(r"ep(\d+)")
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    out = []
+    for raw in text.splitlines():
+        with contextlib.suppress(ValueError):  # a line cut short by a kill
+            line = json.loads(raw)
+            if isinstance(line, dict):
+                out.append(line)
+    return out
+
+
+async def _play(
+    cfg: GuirlConfig, run_dir: Path, cluster: Any, coord: Any, placement: Any, ckpt: str, out: TextIO
+) -> Any:
+    """Start the broker and the env workers, play every task to its final result, stop them."""
     async with roles.RunActors(cfg, run_dir, cluster, coord, "eval") as run:
         broker = await run.start(roles.broker_spec(cfg, ckpt, run_dir, placement=placement))
         print(f"[eval] broker up ({cfg.inference.backend} x{cfg.inference.engines})", file=out)
@@ -59,27 +148,7 @@ async def run_eval(
             watch={"broker": broker},
         )
         await run.stop()
-    seconds = time.monotonic() - started
-    summary, table = eval_summary(
-        coord,
-        skipped,
-        run_dir=run_dir,
-        source=source,
-        backend=cfg.inference.backend,
-        ckpt=ckpt,
-        seconds=seconds,
-    )
-    if run.monkey is not None:
-        summary["chaos"] = run.monkey.summary()
-    if cfg.data.eval:
-        from guirl.data.metrics import grounding_metrics, grounding_table
-
-        summary["grounding"] = grounding_metrics(run_dir)
-        table = grounding_table(summary["grounding"])
-    write_json_atomic(run_dir / "summary.json", summary)
-    print(table, file=out)
-    eval_end_lines(summary, run_dir, seconds, out)
-    return summary
+    return run
 
 
 async def _progress(coord: Any, sup: Any, interval: float, out: TextIO, status: Any = None) -> None:

@@ -202,9 +202,11 @@ def eval_summary(
     backend: str,
     ckpt: str,
     seconds: float,
+    earlier: list[TaskResult] = (),  # type: ignore[assignment]
 ) -> tuple[dict[str, Any], str]:
-    """An eval run's `summary.json` (every task's result, the skipped ones apart) and its table per domain."""
-    results = sorted(coord.results.values(), key=lambda r: (r.domain, r.task_id))
+    """An eval run's `summary.json` (every task's result, the skipped ones apart) and its table per domain;
+    `earlier`: the results a resumed run kept from its earlier sessions."""
+    results = sorted([*earlier, *coord.results.values()], key=lambda r: (r.domain, r.task_id))
     per_domain, table = domain_table(results, skipped)
     snap = coord.snapshot()
     summary = {
@@ -219,6 +221,7 @@ def eval_summary(
         "accuracy_all": per_domain["all"]["accuracy_all"],
         "domains": per_domain,
         "episodes": len(coord.ended),
+        "resumed_with": len(earlier),
         "env_errors": snap["env_errors"],
         "aborted": snap["aborted"],
         "steps": snap["steps"],

@@ -219,10 +219,17 @@ def prm_spec(cfg: GuirlConfig, run_dir: Path, broker: str, learner: str) -> Acto
 
 
 def coordinator(
-    cfg: GuirlConfig, run_dir: Path, mode: str, tasks: list[SuiteTask], eval_tasks: list[SuiteTask] = ()
+    cfg: GuirlConfig,
+    run_dir: Path,
+    mode: str,
+    tasks: list[SuiteTask],
+    eval_tasks: list[SuiteTask] = (),
+    *,
+    first_seq: int = 0,
 ) -> Coordinator:
     """The coordinator (in the driver's process): hands out `tasks` (and, in train mode, GRPO groups under
-    the staleness bound, and `eval_tasks` every `train.eval_every` versions); writes the run's ledger."""
+    the staleness bound, and `eval_tasks` every `train.eval_every` versions); writes the run's ledger.
+    `first_seq`: the episode ids a resumed eval's earlier sessions used."""
     common = {
         "heartbeat_dir": str(run_dir),
         "heartbeat_s": cfg.cloud.heartbeat_s,
@@ -234,7 +241,7 @@ def coordinator(
         "bind": [cfg.endpoints.coordinator],
     }
     if mode == "eval":
-        return Coordinator("coordinator", tasks=tasks, mode="eval", **common)
+        return Coordinator("coordinator", tasks=tasks, mode="eval", first_seq=first_seq, **common)
     t, r = cfg.train, cfg.rollout
     return Coordinator(
         "coordinator",

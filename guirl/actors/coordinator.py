@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import random
@@ -53,6 +54,8 @@ from guirl.vmpool.tasks.suite import SuiteTask
 log = logging.getLogger(__name__)
 
 EPISODE_LEDGER = "episodes.jsonl"
+RESULT_LEDGER = "results.jsonl"
+"""Each task's final result (`TaskResult`), a line each as it is decided: what `guirl eval --resume` keeps."""
 
 
 @dataclass
@@ -116,10 +119,12 @@ class Coordinator(Actor):
         eval_log: str = "",
         heartbeat_dir: str = "",
         heartbeat_s: float = 30.0,
+        first_seq: int = 0,
         **kwargs: Any,
     ) -> None:
         """`heartbeat_dir`: the run directory, where the run's heartbeat is written every `heartbeat_s` while
-        the coordinator runs (the cloud reaper takes a silent run's instances for leaked)."""
+        the coordinator runs (the cloud reaper takes a silent run's instances for leaked). `first_seq`: the
+        episode ids an earlier session of the run used (a resumed eval's new ones come after)."""
         super().__init__(name, **kwargs)
         self.heartbeat_dir = Path(heartbeat_dir) if heartbeat_dir else None
         # every assignment and every end state, a line each (the chaos suite checks one end per episode)
@@ -161,7 +166,7 @@ class Coordinator(Actor):
         self.all_done = asyncio.Event()
         self.started = time.monotonic()
         self.first_registered: float | None = None  # VM time is counted from here (models load before)
-        self._seq = 0
+        self._seq = first_seq
         self.closing = False  # the run is ending: no more work, and workers leaving is expected
         self.state_path = Path(state_path) if state_path else None
         self.admitted_groups: dict[str, str] = {}  # group id -> task id, in admission order (train mode)
@@ -394,13 +399,16 @@ class Coordinator(Actor):
         if self.ledger is None:
             return
         line = {"time": round(time.time(), 3), "kind": kind, "episode_id": episode_id, **fields}
+        self._append(self.ledger, line)
+
+    def _append(self, path: Path, line: dict[str, Any]) -> None:
         try:
-            with open(self.ledger, "a") as f:
+            with open(path, "a") as f:
                 f.write(json.dumps(line) + "\n")
         except OSError as exc:  # a full disk must not stop the run; it is counted and said once
             self.counters["ledger.unwritten"] += 1
             if self.counters["ledger.unwritten"] == 1:
-                log.error("cannot write %s: %s", self.ledger, exc)
+                log.error("cannot write %s: %s", path, exc)
 
     def finish(self) -> None:
         """The run is over (train mode: the learner made its updates): hand out nothing more; episodes
@@ -568,6 +576,8 @@ class Coordinator(Actor):
             self._eval_result(todo, result)
             return
         self.results[key] = result
+        if self.heartbeat_dir is not None:
+            self._append(self.heartbeat_dir / RESULT_LEDGER, dataclasses.asdict(result))
         if len(self.results) == self.total:
             self.all_done.set()
 

@@ -1,6 +1,7 @@
 """The `guirl` command.
 
     guirl eval --config FILE    evaluation-only mode: every task of an eval set, accuracy per domain
+                                (--resume RUN finishes an interrupted one)
     guirl train --config FILE   RL mode (GRPO, decoupled): env workers act while the learner trains
     guirl demo                  the transport demo (actors, sockets, a broker killed and restarted)
     guirl replay ...            read, filter, export and re-send message logs (also `bin/replay`)
@@ -13,7 +14,9 @@
     guirl data synth|check ...  GUI grounding rows: synthesize (PIL screens), or check a .jsonl/.parquet file
     guirl keys init DIR         CURVE keys securing a cluster's sockets (then runtime.curve_keys_dir=DIR)
     guirl sft --config FILE     supervised fine-tuning on grounding rows (GUI-R1 answers), the learner's code
-    guirl version
+    guirl runs [DIR]            the runs under DIR (default run.root_dir): mode, start, state, figures
+    guirl runs show RUN         a run's summary and tables, printed again
+    guirl --version
 
 Configuration: `--config FILE.toml`, then OpenClaw-RL's GUI-RL environment variables, then `--set key=value`.
 """
@@ -255,20 +258,38 @@ def _settings(args: argparse.Namespace, mode: str) -> None:
         args.set += [f"{m}.skip_unsupported=true" for m in modes]
 
 
+def _resume_dir(args: argparse.Namespace) -> Any:
+    """The run `--resume` names (None without it); its own resolved configuration unless `--config` is
+    given (its secrets come from the environment)."""
+    if not args.resume:
+        return None
+    from pathlib import Path
+
+    from guirl.errors import InputError
+
+    run_dir = Path(args.resume)
+    if not (run_dir / "config.toml").is_file():
+        raise InputError(f"--resume {args.resume}: not a run directory (no config.toml in it)")
+    if args.config is None:
+        args.config = str(run_dir / "config.toml")
+    return run_dir
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     import uvloop
 
     from guirl.errors import RunError
-    from guirl.eval import run_eval
+    from guirl.eval import earlier_results, run_eval
     from guirl.log import setup_logging
 
     _settings(args, "eval")
+    run_dir = _resume_dir(args)
     if args.dry_run:
-        return _dry_run(args, "eval")
+        return _dry_run(args, "eval", (lambda: earlier_results(run_dir)) if run_dir else None)
     cfg = _load(args, "eval")
     setup_logging("eval", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
-        summary = uvloop.run(run_eval(cfg))
+        summary = uvloop.run(run_eval(cfg, run_dir, resume=run_dir is not None))
     except RunError as exc:
         print(f"guirl eval: {exc}", file=sys.stderr)
         return 1
@@ -290,18 +311,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     _settings(args, "train")
     if args.sync:
         args.set.append("train.sync=true")
-    run_dir = None
-    if args.resume:
-        from pathlib import Path
+    from guirl.train import resume_point
 
-        from guirl.errors import InputError
-        from guirl.train import resume_point
-
-        run_dir = Path(args.resume)
-        if not (run_dir / "config.toml").is_file():
-            raise InputError(f"--resume {args.resume}: not a run directory (no config.toml in it)")
-        if args.config is None:  # the run's own resolved configuration (secrets come from the environment)
-            args.config = str(run_dir / "config.toml")
+    run_dir = _resume_dir(args)
     if args.dry_run:
         return _dry_run(args, "train", (lambda: resume_point(run_dir)) if run_dir else None)
     cfg = _load(args, "train")
@@ -404,6 +416,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from guirl.errors import InputError
+    from guirl.runs import list_runs, render_list, show
+
+    words = list(args.words)
+    if words[:1] == ["show"]:
+        if len(words) != 2:
+            raise InputError("guirl runs show: give one run directory (guirl runs show RUN)")
+        print(show(Path(words[1])))
+        return 0
+    if len(words) > 1:
+        raise InputError(f"guirl runs: one directory at most, got {' '.join(words)}")
+    root = Path(words[0]) if words else Path(_load(args).run.root_dir)
+    print(render_list(list_runs(root)))
+    return 0
+
+
 def cmd_keys_init(args: argparse.Namespace) -> int:
     from guirl.runtime.security import AUTHORIZED, init_keys
 
@@ -455,6 +486,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="cmd", metavar="COMMAND")
     p = sub.add_parser("eval", help="evaluation-only mode: run an eval set, report accuracy per domain")
     _run_args(p, "eval")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="finish an interrupted eval: keep the tasks it scored, run the rest, one summary",
+    )
     p.set_defaults(func=cmd_eval)
     p = sub.add_parser("train", help="RL mode: GRPO with env workers acting while the learner trains")
     _run_args(p, "train")
@@ -555,6 +591,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", help="the run directory (runs/<name>-<time>-<id>)")
     p.add_argument("--json", action="store_true", help="the status as JSON, as the run wrote it")
     p.set_defaults(func=cmd_status)
+    p = sub.add_parser(
+        "runs",
+        help="the runs under a directory (mode, start, state, progress, figures); `runs show RUN`: one again",
+        description="guirl runs [DIR]: every run under DIR (default: run.root_dir), newest first. "
+        "guirl runs show RUN: a run's summary and tables, as printed at its end.",
+    )
+    p.add_argument("words", nargs="*", metavar="DIR | show RUN", help="a results directory, or `show RUN`")
+    _config_args(p)
+    p.set_defaults(func=cmd_runs)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
     _mark(parser)

@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("roles", ("guirl.actors",)),
-    ("assembly", ("guirl.roles", "guirl.report", "guirl.chaos", "guirl.status")),
+    ("assembly", ("guirl.roles", "guirl.report", "guirl.chaos", "guirl.status", "guirl.runs")),
     ("drivers", ("guirl.eval", "guirl.train", "guirl.sft", "guirl.demo", "guirl.prm_offline")),
     ("command lines", ("guirl.cli", "guirl.__main__", "guirl.devtools")),
 )

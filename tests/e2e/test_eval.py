@@ -193,3 +193,37 @@ def test_bad_inputs_fail_fast_with_a_clear_message(tmp_path):
     out, _ = _eval(tmp_path, "--backend", "scripted", "--set", "env.workers=0")
     assert out.returncode == 2 and "env.workers" in out.stderr
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]  # nothing started, no run directory left
+
+
+def test_an_interrupted_eval_resumes_and_runs_are_listed(tmp_path):
+    """An eval cut short (here: stopped after its first 2 tasks) is finished with `--resume`: the tasks it
+    scored are kept, not played again, the rest run with new episode ids, and one summary holds all six;
+    `guirl runs` lists it and `guirl runs show` prints its table again."""
+    out, first = _eval(tmp_path, "--backend", "scripted", "--max-steps", "15", "--limit", "2")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert first["tasks"] == 2 and first["accuracy"] == 1.0
+    (run_dir,) = (p.parent for p in tmp_path.glob("*/summary.json"))
+    kept = {r["task_id"]: r["episode_id"] for r in first["results"]}
+    cmd = [*GUIRL, "eval", "--resume", str(run_dir), "--set", "eval.limit=0", *FAST]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=_env(), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 task(s) scored earlier are kept, 4 to run" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tasks"] == 6 and summary["accuracy"] == 1.0 and summary["resumed_with"] == 2
+    assert summary["episodes"] == 4  # this session's: the kept tasks were not played again
+    by_task = {r["task_id"]: r["episode_id"] for r in summary["results"]}
+    assert all(by_task[t] == e for t, e in kept.items())
+    assert len(set(by_task.values())) == 6  # no episode id reused
+    # the runs under the results directory, and the run's table again
+    listed = subprocess.run([*GUIRL, "runs", str(tmp_path)], capture_output=True, text=True, env=_env())
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if line.startswith(run_dir.name)]
+    assert row.split()[1:2] == ["eval"] and " done " in row and "accuracy 100.0%, all (0) 100.0%" in row
+    shown = subprocess.run([*GUIRL, "runs", "show", str(run_dir)], capture_output=True, text=True, env=_env())
+    assert shown.returncode == 0, shown.stderr
+    assert "all                      6      6       6       0       0    100.0%    100.0%" in shown.stdout
+    # a directory that is no run is refused
+    out = subprocess.run(
+        [*GUIRL, "eval", "--resume", str(tmp_path)], capture_output=True, text=True, env=_env(), cwd=tmp_path
+    )
+    assert out.returncode == 2 and "not a run directory" in out.stderr
