@@ -1,8 +1,8 @@
 """`bin/launch_cluster`: run guirl on the machines of a cluster file, scale its env workers, tear it down.
 
     bin/launch_cluster CLUSTER.toml [--mode eval|train|train-prm|gui-r1] [--config CFG] [--set KEY=VALUE ...]
-    bin/launch_cluster CLUSTER.toml --add env_worker=N --host HOST [--vms V]
-    bin/launch_cluster CLUSTER.toml --remove env_worker=N --host HOST
+    bin/launch_cluster CLUSTER.toml --add --workers N --host HOST [--vms-per-worker V]
+    bin/launch_cluster CLUSTER.toml --remove --workers N --host HOST
     bin/launch_cluster CLUSTER.toml --status
     bin/launch_cluster CLUSTER.toml --down
 
@@ -43,7 +43,9 @@ MODES = {
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from guirl.cli.main import Parser
+
+    p = Parser(
         prog="launch_cluster",
         description="Run guirl across the hosts of a cluster file (see the README's cluster section).",
     )
@@ -53,20 +55,42 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     p.add_argument("--status-interval", type=float, default=10.0, help="seconds between status tables")
     act = p.add_mutually_exclusive_group()
-    act.add_argument("--add", metavar="env_worker=N", help="start N more env workers on --host")
-    act.add_argument("--remove", metavar="env_worker=N", help="stop N env workers of --host")
+    act.add_argument(
+        "--add",
+        nargs="?",
+        const="",
+        metavar="env_worker=N",
+        help="start more env workers on --host: --add --workers N (or the older --add env_worker=N)",
+    )
+    act.add_argument(
+        "--remove",
+        nargs="?",
+        const="",
+        metavar="env_worker=N",
+        help="stop env workers of --host: --remove --workers N (or --remove env_worker=N)",
+    )
     act.add_argument("--status", action="store_true", help="ask the running launcher which workers run where")
     act.add_argument("--down", action="store_true", help="stop the cluster's processes on every host")
+    p.add_argument("--workers", type=int, help="--add / --remove: how many env workers")
     p.add_argument("--host", help="the host of --add / --remove")
-    p.add_argument("--vms", type=int, help="--add: VMs per new worker (default: the host's in the file)")
+    p.add_argument(
+        "--vms-per-worker",
+        "--vms",
+        dest="vms",
+        type=int,
+        help="--add: VMs per new env worker (default: the host's in the file)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extras = p.parse_known_args(argv)
+    if extras:
+        p.unrecognized(extras)
     try:
         spec = load_cluster(args.cluster)
-        if args.add or args.remove:
+        if args.add is not None or args.remove is not None:
             return scale(spec, args)
         if args.status:
             return _print_reply(control(spec.cluster.name, {"op": "status"}))
@@ -197,19 +221,28 @@ def _print_reply(reply: dict) -> int:
 
 
 def scale(spec: ClusterFile, args: argparse.Namespace) -> int:
-    what = args.add or args.remove
-    role, sep, count = what.partition("=")
-    if role != "env_worker" or not sep:
-        raise InputError(f"{'--add' if args.add else '--remove'} {what!r}: expected env_worker=N")
-    try:
-        n = int(count)
-    except ValueError:
-        raise InputError(f"{what!r}: N must be a whole number") from None
+    adding = args.add is not None
+    what = args.add if adding else args.remove
+    flag = "--add" if adding else "--remove"
+    if what:  # the older form, env_worker=N
+        role, sep, count = what.partition("=")
+        if role != "env_worker" or not sep:
+            raise InputError(f"{flag} {what!r}: expected {flag} --workers N (or env_worker=N)")
+        if args.workers is not None:
+            raise InputError(f"{flag} {what!r} and --workers {args.workers}: give the count once")
+        try:
+            n = int(count)
+        except ValueError:
+            raise InputError(f"{what!r}: N must be a whole number") from None
+    elif args.workers is None:
+        raise InputError(f"{flag} needs --workers N (how many env workers)")
+    else:
+        n = args.workers
     if not args.host:
         raise InputError("--add / --remove need --host HOST")
     if args.host not in spec.hosts:
         raise InputError(f"--host {args.host!r}: no such host in the cluster file")
-    request = {"op": "add" if args.add else "remove", "host": args.host, "count": n}
+    request = {"op": "add" if adding else "remove", "host": args.host, "count": n}
     if args.vms is not None:
         request["vms"] = args.vms
     return _print_reply(control(spec.cluster.name, request))

@@ -255,7 +255,7 @@ def test_a_train_run_across_three_hosts(tmp_path, hosts, keys, tiny_ckpt):
         assert counted["security.refused"] >= 1
 
         # live scaling: one more worker on env2, then one taken off it
-        added = control(cluster, env, "--add", "env_worker=1", "--host", "env2")
+        added = control(cluster, env, "--add", "--workers", "1", "--host", "env2")
         assert added == {"ok": True, "added": ["worker2"]}
         assert control(cluster, env, "--status")["workers"] == {
             "worker0": "env1",
@@ -384,9 +384,11 @@ def test_control_requests_are_checked(tmp_path, hosts, keys):
     cluster.write_text(ssh_cluster(hosts, keys, f"t{hosts.prefix}x"))
     env = _env(tmp_path)
     for args, message in [
-        (["--add", "env_worker=1"], "need --host"),
+        (["--add", "--workers", "1"], "need --host"),
+        (["--add", "--host", "env1"], "--add needs --workers N"),
+        (["--add", "env_worker=1", "--workers", "2", "--host", "env1"], "give the count once"),
         (["--add", "env_worker=x", "--host", "env1"], "whole number"),
-        (["--add", "gpu=1", "--host", "env1"], "expected env_worker=N"),
+        (["--add", "gpu=1", "--host", "env1"], "expected --add --workers N (or env_worker=N)"),
         (["--remove", "env_worker=1", "--host", "mars"], "no such host"),
         (["--add", "env_worker=1", "--host", "env1"], "is not running here"),
         (["--status"], "is not running here"),
