@@ -47,7 +47,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = Parser(
         prog="launch_cluster",
-        description="Run guirl across the hosts of a cluster file (see the README's cluster section).",
+        description="Run guirl across the hosts of a cluster file (see docs/cluster.md).",
     )
     p.add_argument("cluster", help="the cluster file (TOML)")
     p.add_argument("--mode", choices=sorted(MODES), default="train", help="what to run (default: train)")

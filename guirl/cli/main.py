@@ -431,6 +431,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     if len(words) > 1:
         raise InputError(f"guirl runs: one directory at most, got {' '.join(words)}")
     root = Path(words[0]) if words else Path(_load(args).run.root_dir)
+    if not words and not root.exists():  # nothing run here yet: not an error
+        print(f"no runs under {root} yet")
+        return 0
     print(render_list(list_runs(root)))
     return 0
 

@@ -162,6 +162,26 @@ def _flatten(data: Mapping[str, Any], source: str, cls: type, prefix: str, out: 
             out[path] = (value, source)
 
 
+def shipped_configs() -> list[str]:
+    """The names of the configs guirl ships (`configs/*.toml` of its tree), for `--config NAME`."""
+    return sorted(p.stem for p in (SOURCE_TREE / "configs").glob("*.toml"))
+
+
+def config_file(path: str | Path) -> Path:
+    """`--config`'s file: a path, or the name of a shipped config (`local_eval`, `osworld_qwen3vl_8b_rl`)
+    when no such file is here, so the commands of the README work from any directory."""
+    given = Path(path).expanduser()
+    if given.exists() or "/" in str(path):
+        return given
+    shipped = SOURCE_TREE / "configs" / (given.name if given.suffix == ".toml" else f"{given.name}.toml")
+    if shipped.is_file():
+        return shipped
+    names = shipped_configs()
+    close = difflib.get_close_matches(given.stem, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (shipped: {', '.join(names)})" if names else ""
+    raise ConfigError(f"cannot read config file {str(path)!r}: no such file, nor a shipped config{hint}")
+
+
 def _did_you_mean(key: str, fields: Mapping[str, Any], prefix: str) -> str:
     """ "; did you mean 'train.lr'?" for the closest key of the section `key` was given in, "" if none is."""
     close = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
@@ -332,7 +352,8 @@ def load_config(
     layer: _Layer = {}
     from_file: _Layer = {}
     if path is not None:
-        from_file = _from_toml_file(Path(path))
+        path = config_file(path)
+        from_file = _from_toml_file(path)
         # a saved (resolved) config has its secrets redacted: "***" is no key; the environment brings it
         layer.update({k: v for k, v in from_file.items() if not (k in SECRET_KEYS and v[0] == REDACTED)})
     layer.update(_from_env(os.environ if env is None else env))

@@ -1,6 +1,6 @@
 """The client side of a mailbox: a DEALER connection with request/reply, liveness and reconnection.
 
-Liveness has two parts (see the README's reliability section):
+Liveness has two parts (see docs/runtime.md, "Liveness"):
 
 - **dead**: the connection is lost — ZeroMQ's own heartbeats, run by its I/O threads without the GIL, went
   unanswered, or the peer's socket closed (its process was killed) — and the peer has said nothing for the
