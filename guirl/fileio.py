@@ -92,3 +92,12 @@ class JsonlTail:
             return []
         self.offset += data.rfind(b"\n") + 1  # a line still being written waits for the next read
         return _json_objects(data)
+
+
+def cache_dir(name: str) -> Path:
+    """Where guirl keeps what it builds once and reuses (the tiny model, generated rows): `GUIRL_CACHE_DIR`,
+    else `$XDG_CACHE_HOME/guirl` (`~/.cache/guirl`), never the working directory."""
+    root = os.environ.get("GUIRL_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "guirl"
+    )
+    return Path(root) / name

@@ -1,6 +1,7 @@
 """Where rows come from: a file, or `synth:<split>:<rows>:<seed>` — synthetic screens made on first use.
 
-A `synth:` source is generated once into `.cache/synth/<split>-<rows>-<seed>-<code hash>/rows.jsonl` (the
+A `synth:` source is generated once into guirl's cache
+(`~/.cache/guirl/synth/<split>-<rows>-<seed>-<code hash>/rows.jsonl`; the
 hash of the generator's source: a changed generator makes fresh rows, never stale ones) by the process that
 first asks for it — the launcher, before any actor starts — and written to a temporary directory renamed
 into place, so a reader never sees half of it.
@@ -14,12 +15,12 @@ import shutil
 from pathlib import Path
 
 from guirl.errors import InputError
+from guirl.fileio import cache_dir
 
-CACHE = Path(".cache") / "synth"
 MAX_SYNTH_ROWS = 1_000_000
 
 
-def resolve_rows(spec: str, *, cache: Path = CACHE) -> Path:
+def resolve_rows(spec: str, *, cache: Path | None = None) -> Path:
     """The rows file of `spec`: a path as it is, or the generated file of a `synth:` source."""
     if not spec.startswith("synth:"):
         return Path(spec)
@@ -36,6 +37,7 @@ def resolve_rows(spec: str, *, cache: Path = CACHE) -> Path:
     if not 1 <= n <= MAX_SYNTH_ROWS:
         raise InputError(f"{spec!r}: between 1 and {MAX_SYNTH_ROWS} rows")
     code = hashlib.sha256(Path(synth.__file__).read_bytes()).hexdigest()[:10]
+    cache = cache if cache is not None else cache_dir("synth")
     folder = cache / f"{split}-{n}-{seed}-{code}"
     rows = folder / "rows.jsonl"
     if not rows.is_file():

@@ -11,8 +11,8 @@ from guirl.config import GuirlConfig
 from guirl.errors import InputError
 
 TINY = "tiny"
-"""`model.hf_ckpt = "tiny"`: the tiny random Qwen3-VL, built offline on first use (see `TINY_CACHE`)."""
-TINY_CACHE = Path(".cache") / "tiny-qwen3vl"
+"""`model.hf_ckpt = "tiny"`: the tiny random Qwen3-VL, built offline on first use into guirl's cache
+(`guirl.fileio.cache_dir`: `~/.cache/guirl/tiny-qwen3vl`)."""
 
 
 def resolve_checkpoint(cfg: GuirlConfig) -> str:
@@ -48,9 +48,10 @@ def _hf_checkpoint(path: str, key: str, missing: str) -> str:
     """A checkpoint directory the transformers backend loads: `path`, or the tiny model for "tiny";
     InputError (`missing` when unset) otherwise."""
     if path == TINY:
+        from guirl.fileio import cache_dir
         from guirl.model.tiny import ensure_tiny_checkpoint
 
-        return str(ensure_tiny_checkpoint(TINY_CACHE))
+        return str(ensure_tiny_checkpoint(cache_dir("tiny-qwen3vl")))
     if not path:
         raise InputError(missing)
     if Path(path, "config.json").is_file():
