@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from guirl import roles
 from guirl.actors.coordinator import TaskResult
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
-from guirl.errors import RunError
+from guirl.errors import InputError, RunError
 from guirl.fileio import write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint
 from guirl.placement import apply, vm_split
@@ -96,9 +96,9 @@ def earlier_results(run_dir: Path) -> tuple[list[TaskResult], int]:
     from guirl.actors.coordinator import EPISODE_LEDGER, RESULT_LEDGER
 
     if not (run_dir / "config.toml").is_file():
-        raise RunError(f"{run_dir}: not a run directory (no config.toml in it)")
+        raise InputError(f"{run_dir}: not a run directory (no config.toml in it)")
     if (run_dir / "coordinator.json").is_file():
-        raise RunError(f"{run_dir}: a train run; `guirl train --resume` continues it")
+        raise InputError(f"{run_dir}: a train run; `guirl train --resume` continues it")
     kept: dict[str, TaskResult] = {}
     for line in _lines(run_dir / RESULT_LEDGER):
         try:

@@ -75,13 +75,14 @@ def run_info(path: Path) -> RunInfo:
     status = status if isinstance(status, dict) else None
     metrics = _lines(path / "metrics.jsonl")
     sft = _lines(path / "sft.jsonl")
-    mode = (summary or {}).get("mode") or (status or {}).get("mode")
+    said = ((summary or {}).get("mode"), (status or {}).get("mode"))
+    mode = next((m for m in said if isinstance(m, str) and m), "")
     if not mode:
         mode = "train" if metrics or (path / "coordinator.json").exists() else "sft" if sft else "?"
     m = STAMP.search(path.name)
-    if m:
-        started: float | None = calendar.timegm(time.strptime(m.group(1), "%Y%m%d-%H%M%S"))
-    else:
+    try:
+        started: float | None = calendar.timegm(time.strptime(m.group(1), "%Y%m%d-%H%M%S"))  # type: ignore
+    except (AttributeError, ValueError):  # no stamp, or not a date: the directory's own time
         started = path.stat().st_mtime
     if summary is not None:
         state = "done"
@@ -97,7 +98,10 @@ def run_info(path: Path) -> RunInfo:
                 f"all (0) {_percent(summary.get('accuracy_all'))}, aborted {summary.get('aborted', '?')}"
             )
         else:
-            progress, figures = f"{len(_lines(path / 'episodes.jsonl'))} episodes handed out", ""
+            results = _lines(path / "results.jsonl")
+            scored = {r.get("task_id") for r in results if r.get("status") == "completed"}
+            handed = sum(1 for x in _lines(path / "episodes.jsonl") if x.get("kind") == "assigned")
+            progress, figures = f"{len(scored)} tasks scored, {handed} episodes handed out", ""
     elif mode == "train":
         last = metrics[-1] if metrics else {}
         progress = f"version {last.get('version', 0)}"
@@ -158,7 +162,9 @@ def show(path: Path) -> str:
                 f"{path / 'summary.json'}: not an eval summary this guirl reads ({exc})"
             ) from None
         lines.append(domain_table(results, skipped)[1])
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("outcomes", {}).items())) or "none"
+        counts = summary.get("outcomes")
+        counts = counts if isinstance(counts, dict) else {}
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"
         lines.append(
             f"{summary.get('episodes', '?')} episodes, {summary.get('steps', '?')} steps · outcomes: "
             f"{outcomes} · environment errors {summary.get('env_errors', '?')} (retried, never scored)"

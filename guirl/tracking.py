@@ -105,7 +105,8 @@ def find_key(cfg: WandbConfig) -> tuple[str, str]:
         return cfg.key, "wandb.key"
     if os.environ.get("WANDB_API_KEY"):
         return os.environ["WANDB_API_KEY"], "WANDB_API_KEY"
-    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or ""
+    # keyed as `wandb login` keys it: the base URL's host[:port]
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
     path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
     try:
         entry = netrc.netrc(path).authenticators(host)
@@ -199,11 +200,25 @@ class Tracker:
         its secrets redacted. Raises ``TrackingError`` when the mode needs a key that is not set, when
         wandb is not installed, or when wandb cannot start the run.
         """
-        tracker = cls()
         mode = resolve_mode(cfg)
-        key = find_key(cfg)[0]
         if mode == "disabled":
-            return tracker
+            return cls()
+        try:
+            return cls._open(cfg, mode, run_dir=run_dir, config=config, job=job)
+        except TrackingError as exc:
+            if cfg.mode != "auto" or cfg.key:  # asked for, or guirl's own key given: fail loudly
+                raise
+            # `auto` went online only because W&B's own credentials were found: their being unusable here
+            # (no wandb, no server) costs the charts, not the run
+            log.warning("W&B: %s; logging to W&B is off for this run (set wandb.mode to insist)", exc)
+            return cls()
+
+    @classmethod
+    def _open(
+        cls, cfg: WandbConfig, mode: Mode, *, run_dir: Path, config: Mapping[str, Any], job: str
+    ) -> "Tracker":
+        tracker = cls()
+        key = find_key(cfg)[0]
         run_dir = Path(run_dir)
         if not run_dir.is_dir():
             # wandb would quietly fall back to a temporary directory

@@ -195,4 +195,7 @@ CLOUD_ENV = {  # what the osworld configs' Volcengine desktops need from the env
     "VOLCENGINE_IMAGE_ID": "image-osworld",
     "VOLCENGINE_SUBNET_ID": "subnet-1",
     "VOLCENGINE_SECURITY_GROUP_ID": "sg-1",
+    # and their task lists, which come from an OSWorld checkout: the shipped local suite stands in
+    "GUI_EVAL_TASKS": str(Path(__file__).resolve().parents[1] / "tasks" / "local" / "test.json"),
+    "GUI_TRAIN_TASKS": str(Path(__file__).resolve().parents[1] / "tasks" / "local" / "train.json"),
 }

@@ -576,7 +576,7 @@ class Coordinator(Actor):
             self._eval_result(todo, result)
             return
         self.results[key] = result
-        if self.heartbeat_dir is not None:
+        if self.heartbeat_dir is not None and self.mode == "eval":
             self._append(self.heartbeat_dir / RESULT_LEDGER, dataclasses.asdict(result))
         if len(self.results) == self.total:
             self.all_done.set()

@@ -92,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_cluster(args.cluster)
         if args.add is not None or args.remove is not None:
             return scale(spec, args)
+        given = [f for f, v in (("--workers", args.workers), ("--vms-per-worker", args.vms)) if v is not None]
+        if given:
+            raise InputError(
+                f"{', '.join(given)}: only with --add or --remove (the cluster file sets a launch's)"
+            )
         if args.status:
             return _print_reply(control(spec.cluster.name, {"op": "status"}))
         if args.down:
@@ -243,6 +248,8 @@ def scale(spec: ClusterFile, args: argparse.Namespace) -> int:
     if args.host not in spec.hosts:
         raise InputError(f"--host {args.host!r}: no such host in the cluster file")
     request = {"op": "add" if adding else "remove", "host": args.host, "count": n}
+    if args.vms is not None and not adding:
+        raise InputError("--vms-per-worker: only with --add (a removed worker takes its VMs with it)")
     if args.vms is not None:
         request["vms"] = args.vms
     return _print_reply(control(spec.cluster.name, request))

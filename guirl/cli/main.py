@@ -54,9 +54,11 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        # Python quotes the choices in this message, or (3.12.8+) not: read both
+        m = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)$", message)
         if m:
-            close = difflib.get_close_matches(m.group(1), re.findall(r"'([^']*)'", m.group(2)), n=1)
+            choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+            close = difflib.get_close_matches(m.group(1), choices, n=1)
             if close:
                 message += f"; did you mean {close[0]!r}?"
         super().error(message)

@@ -287,6 +287,8 @@ guirl's own tree (its shipped `tasks/`) for a default; each is made absolute, so
 `config.toml` means the same from anywhere. `run.root_dir` is not among them: a run's output goes under
 the working directory, as GUI-RL's `GUI_RESULT_DIR` does."""
 _MODEL_KEYS = ("model.hf_ckpt", "model.prm_model_path")
+RUN_MARKS = ("episodes.jsonl", "status.json", "summary.json", "coordinator.json")
+"""Files only a run directory holds: a config.toml beside them is a run's saved configuration."""
 SOURCE_TREE = Path(__file__).resolve().parents[2]
 """The tree guirl runs from: a checkout (or an editable install) has its `tasks/` and `configs/` there."""
 
@@ -295,6 +297,10 @@ def _resolve_paths(layer: _Layer, from_file: _Layer, file_dir: Path | None) -> N
     """Make the relative values of `PATH_KEYS` in `layer` absolute (see there), defaults included."""
     defaults = {f.path: f.default for f in describe() if f.path in PATH_KEYS}
     shipped = SOURCE_TREE if (SOURCE_TREE / "tasks").is_dir() else Path.cwd()
+    if file_dir is not None and any((file_dir / n).exists() for n in RUN_MARKS):
+        # a run's own saved config (`--resume`): guirl saves its paths absolute, so a relative one was saved
+        # by an earlier guirl, relative to the directory that run was started from
+        file_dir = Path.cwd()
     for key in PATH_KEYS:
         if key not in layer:
             value, source, base = defaults[key], "default", shipped

@@ -56,6 +56,7 @@ def problems(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) ->
     desktops = not (cfg.data.eval if mode == "eval" else cfg.data.train or cfg.data.eval)
     if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
         checks += [lambda: check_cloud(cfg.env.provider, cfg.cloud), lambda: check_prompt_style(cfg)]
+        checks.append(lambda: check_task_lists(cfg, mode))
     if mode == "train":
         checks.append(lambda: check_train(cfg))
     found = []
@@ -111,6 +112,20 @@ def check_cloud(provider: str, cloud: object) -> None:
             found.append(str(exc))
     if found:
         raise InputError("; ".join(found))
+
+
+def check_task_lists(cfg: GuirlConfig, mode: str) -> None:
+    """The task lists a run plays are named (OSWorld's configs leave them to GUI-RL's variables)."""
+    unset = []
+    if mode == "train" and not cfg.train.tasks:
+        unset.append("train.tasks (GUI_TRAIN_TASKS)")
+    if (mode == "eval" or cfg.train.eval_every) and not cfg.eval.tasks:
+        unset.append("eval.tasks (GUI_EVAL_TASKS)")
+    if unset:
+        raise InputError(
+            f"no task list: set {' and '.join(unset)} to a meta list, e.g. an OSWorld checkout's "
+            "evaluation_examples/test_nochrome.json"
+        )
 
 
 def check_prompt_style(cfg: GuirlConfig) -> None:

@@ -177,3 +177,15 @@ def test_a_hugging_face_id_is_found_in_the_local_cache(
     assert f"no complete snapshot of it in the local Hugging Face cache ({home / 'hub'})" in err
     assert "hf download Org/elsewhere" in err
     assert sorted(p.name for p in elsewhere.iterdir()) == ["hf-home"]  # nothing fetched, nothing written
+
+
+def test_a_run_saved_by_an_earlier_guirl_keeps_its_working_directory_paths(elsewhere: Path) -> None:
+    """Saved configs are absolute now; one an earlier guirl saved has paths relative to where that run
+    was started, and `--resume` from there still finds them."""
+    run = elsewhere / "runs" / "old-run"
+    run.mkdir(parents=True)
+    (run / "config.toml").write_text('[eval]\ntasks = "tasks/local/test.json"\n')
+    (run / "episodes.jsonl").write_text("")
+    assert load_config(run / "config.toml", env={}).eval.tasks == str(elsewhere / "tasks/local/test.json")
+    (run / "episodes.jsonl").unlink()  # a config file anywhere else: its own directory's
+    assert load_config(run / "config.toml", env={}).eval.tasks == str(run / "tasks/local/test.json")

@@ -287,12 +287,6 @@ def test_shipped_gpu_configs_plan(name: str) -> None:
 # -- guirl train|eval --dry-run -------------------------------------------------------------------------
 
 
-OSWORLD_TASKS = {  # the osworld configs' task lists come from an OSWorld checkout: the local suite stands in
-    "GUI_EVAL_TASKS": str(ROOT / "tasks" / "local" / "test.json"),
-    "GUI_TRAIN_TASKS": str(ROOT / "tasks" / "local" / "train.json"),
-}
-
-
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     """A clean environment (no GUI-RL variables, no CUDA_VISIBLE_DEVICES) and an empty working directory."""
@@ -303,7 +297,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         (tmp_path / "models" / name / "config.json").write_text("{}")
     monkeypatch.setenv("HF_CKPT", str(tmp_path / "models" / "ckpt"))
     monkeypatch.setenv("PRM_MODEL_PATH", str(tmp_path / "models" / "judge"))
-    for name, value in {**CLOUD_ENV, **OSWORLD_TASKS}.items():
+    for name, value in CLOUD_ENV.items():
         monkeypatch.setenv(name, value)
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
@@ -377,7 +371,7 @@ def test_dry_run_imports_no_torch(tmp_path: Path) -> None:
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
     env = {"PATH": "/usr/bin:/bin", "HF_CKPT": str(ckpt), "PYTHONPATH": str(ROOT)}
-    env.update({**CLOUD_ENV, **OSWORLD_TASKS})
+    env.update(CLOUD_ENV)
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )

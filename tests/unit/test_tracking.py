@@ -127,7 +127,8 @@ def test_the_key_is_found_where_w_and_b_looks(tmp_path: Path, monkeypatch: pytes
     """guirl's WANDB_KEY (wandb.key), then W&B's WANDB_API_KEY, then `wandb login`'s netrc for the host of
     WANDB_BASE_URL (the loopback stand-in here)."""
     netrc_file = tmp_path / "netrc"
-    netrc_file.write_text(f"machine 127.0.0.1\n  login user\n  password {FAKE_KEY}n\n")
+    host = os.environ["WANDB_BASE_URL"].removeprefix("http://")  # host:port, as `wandb login` writes it
+    netrc_file.write_text(f"machine {host}\n  login user\n  password {FAKE_KEY}n\n")
     netrc_file.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc_file))
     assert find_key(WandbConfig()) == (FAKE_KEY + "n", f"{netrc_file} (`wandb login`)")
@@ -142,7 +143,11 @@ def test_the_key_is_found_where_w_and_b_looks(tmp_path: Path, monkeypatch: pytes
 
 @pytest.mark.parametrize("where", ["WANDB_API_KEY", "netrc"])
 def test_w_and_bs_own_authentication_reaches_the_server(
-    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wandb_server: _Server
+    where: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    wandb_server: _Server,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A user who ran `wandb login` or set WANDB_API_KEY gets an online run (here refused by the stand-in,
     which records the credentials wandb sent); the key is nowhere on disk but where the user put it."""
@@ -150,14 +155,19 @@ def test_w_and_bs_own_authentication_reaches_the_server(
     if where == "WANDB_API_KEY":
         monkeypatch.setenv("WANDB_API_KEY", FAKE_KEY)
     else:
-        (tmp_path / "netrc").write_text(f"machine 127.0.0.1 login user password {FAKE_KEY}\n")
+        host = os.environ["WANDB_BASE_URL"].removeprefix("http://")
+        (tmp_path / "netrc").write_text(f"machine {host} login user password {FAKE_KEY}\n")
         (tmp_path / "netrc").chmod(0o600)
         monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     directory = run_dir(tmp_path)
-    with pytest.raises(TrackingError, match="W&B could not start the online run"):
-        Tracker.open(WandbConfig(), run_dir=directory, config={}, job="train")
-    assert FAKE_KEY in wandb_server.keys
+    with caplog.at_level(logging.WARNING, logger="guirl.tracking"):
+        tracker = Tracker.open(WandbConfig(), run_dir=directory, config={}, job="train")
+    assert FAKE_KEY in wandb_server.keys  # wandb was given the key W&B's own tools would use
+    # the server refused it: `auto` went online only on W&B's own credentials, so the run goes on unlogged
+    assert not tracker.enabled and "logging to W&B is off for this run" in caplog.text
     assert files_containing(directory, FAKE_KEY) == []
+    with pytest.raises(TrackingError, match="W&B could not start the online run"):  # asked for: refused
+        Tracker.open(WandbConfig(mode="online"), run_dir=directory, config={}, job="train")
 
 
 def test_flatten_keeps_numeric_leaves_with_slash_keys() -> None:
