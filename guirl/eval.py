@@ -9,8 +9,6 @@ per domain is printed and `summary.json` written in the run directory, beside th
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import re
 import sys
 import time
@@ -21,7 +19,7 @@ from guirl import roles
 from guirl.actors.coordinator import TaskResult
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
 from guirl.errors import InputError, RunError
-from guirl.fileio import write_json_atomic
+from guirl.fileio import read_jsonl, write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint
 from guirl.placement import apply, vm_split
 from guirl.report import eval_end_lines, eval_summary, progress_line
@@ -100,33 +98,19 @@ def earlier_results(run_dir: Path) -> tuple[list[TaskResult], int]:
     if (run_dir / "coordinator.json").is_file():
         raise InputError(f"{run_dir}: a train run; `guirl train --resume` continues it")
     kept: dict[str, TaskResult] = {}
-    for line in _lines(run_dir / RESULT_LEDGER):
+    for line in read_jsonl(run_dir / RESULT_LEDGER):
         try:
             result = TaskResult(**line)
         except TypeError:
             continue  # not a result this guirl writes
         if result.status == "completed":
             kept[result.task_id] = result
-    ids = (str(line.get("episode_id")) for line in _lines(run_dir / EPISODE_LEDGER))
+    ids = (str(line.get("episode_id")) for line in read_jsonl(run_dir / EPISODE_LEDGER))
     seqs = [int(m.group(1)) for m in map(_EP.fullmatch, ids) if m]
     return list(kept.values()), max(seqs, default=0)
 
 
 _EP = re.compile(r"ep(\d+)")
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    out = []
-    for raw in text.splitlines():
-        with contextlib.suppress(ValueError):  # a line cut short by a kill
-            line = json.loads(raw)
-            if isinstance(line, dict):
-                out.append(line)
-    return out
 
 
 async def _play(

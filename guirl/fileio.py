@@ -101,3 +101,21 @@ def cache_dir(name: str) -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "guirl"
     )
     return Path(root) / name
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, a line each; a missing file is empty, and a line that is not
+    an object (cut short by a kill) is passed over."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return []
+    out = []
+    for raw in text.splitlines():
+        try:
+            line = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(line, dict):
+            out.append(line)
+    return out

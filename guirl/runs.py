@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from guirl.errors import InputError
+from guirl.fileio import read_jsonl
 
 STAMP = re.compile(r"-(\d{8}-\d{6})-[0-9a-f]{4}$")
 """The tail `make_run_dir` gives a run directory's name: its UTC start and 4 hex digits."""
@@ -42,22 +43,6 @@ def _json(path: Path) -> Any:
         return None
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text()
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a kill
-        if isinstance(item, dict):
-            out.append(item)
-    return out
-
-
 def is_run(path: Path) -> bool:
     """A directory a guirl run made: it holds the resolved configuration every run saves first."""
     return path.is_dir() and (path / "config.toml").is_file()
@@ -73,8 +58,8 @@ def run_info(path: Path) -> RunInfo:
     summary, status = _json(path / "summary.json"), _json(path / "status.json")
     summary = summary if isinstance(summary, dict) else None
     status = status if isinstance(status, dict) else None
-    metrics = _lines(path / "metrics.jsonl")
-    sft = _lines(path / "sft.jsonl")
+    metrics = read_jsonl(path / "metrics.jsonl")
+    sft = read_jsonl(path / "sft.jsonl")
     said = ((summary or {}).get("mode"), (status or {}).get("mode"))
     mode = next((m for m in said if isinstance(m, str) and m), "")
     if not mode:
@@ -98,9 +83,9 @@ def run_info(path: Path) -> RunInfo:
                 f"all (0) {_percent(summary.get('accuracy_all'))}, aborted {summary.get('aborted', '?')}"
             )
         else:
-            results = _lines(path / "results.jsonl")
+            results = read_jsonl(path / "results.jsonl")
             scored = {r.get("task_id") for r in results if r.get("status") == "completed"}
-            handed = sum(1 for x in _lines(path / "episodes.jsonl") if x.get("kind") == "assigned")
+            handed = sum(1 for x in read_jsonl(path / "episodes.jsonl") if x.get("kind") == "assigned")
             progress, figures = f"{len(scored)} tasks scored, {handed} episodes handed out", ""
     elif mode == "train":
         last = metrics[-1] if metrics else {}
@@ -170,7 +155,7 @@ def show(path: Path) -> str:
             f"{outcomes} · environment errors {summary.get('env_errors', '?')} (retried, never scored)"
         )
     elif info.mode == "train":
-        metrics = list({m.get("version"): m for m in _lines(path / "metrics.jsonl")}.values())
+        metrics = list({m.get("version"): m for m in read_jsonl(path / "metrics.jsonl")}.values())
         if metrics:
             lines.append(update_table(metrics).rstrip("\n"))
         if isinstance(summary, dict):
