@@ -104,18 +104,8 @@ def cache_dir(name: str) -> Path:
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The JSON objects of a JSON-lines file, a line each; a missing file is empty, and a line that is not
-    an object (cut short by a kill) is passed over."""
+    """The JSON objects of a JSON-lines file's complete lines (`_json_objects`); a missing file is empty."""
     try:
-        text = Path(path).read_text()
+        return _json_objects(Path(path).read_bytes())
     except OSError:
         return []
-    out = []
-    for raw in text.splitlines():
-        try:
-            line = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(line, dict):
-            out.append(line)
-    return out

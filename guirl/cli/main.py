@@ -308,13 +308,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from guirl.errors import RunError
     from guirl.log import setup_logging
-    from guirl.train import run_train
+    from guirl.train import resume_point, run_train
 
     _settings(args, "train")
     if args.sync:
         args.set.append("train.sync=true")
-    from guirl.train import resume_point
-
     run_dir = _resume_dir(args)
     if args.dry_run:
         return _dry_run(args, "train", (lambda: resume_point(run_dir)) if run_dir else None)
