@@ -22,7 +22,7 @@ from guirl.errors import InputError, RunError
 from guirl.fileio import read_jsonl, write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint
 from guirl.placement import apply, vm_split
-from guirl.report import eval_end_lines, eval_summary, progress_line
+from guirl.report import Earlier, eval_end_lines, eval_summary, progress_line
 
 
 async def run_eval(
@@ -46,22 +46,24 @@ async def run_eval(
     ckpt = resolve_checkpoint(cfg)
     if resume and run_dir is None:
         raise RunError("resuming needs the run directory of the eval to resume")
-    earlier, first_seq = earlier_results(run_dir) if resume else ([], 0)  # type: ignore[arg-type]
+    earlier = earlier_sessions(cfg, run_dir) if resume else Earlier()  # type: ignore[arg-type]
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
     started = time.monotonic()
     source = cfg.data.eval or cfg.eval.tasks
+    suite = {t.task_id for t in tasks}
     if resume:
-        scored = {r.task_id for r in earlier}
-        earlier = [r for r in earlier if r.task_id in {t.task_id for t in tasks}]  # of this suite only
+        scored = {r.task_id for r in earlier.results}
+        earlier.results = [r for r in earlier.results if r.task_id in suite]  # of this suite only
         tasks = [t for t in tasks if t.task_id not in scored]
         print(
-            f"[eval] resuming: {len(earlier)} task(s) scored earlier are kept, {len(tasks)} to run", file=out
+            f"[eval] resuming: {len(earlier.results)} task(s) scored earlier are kept, {len(tasks)} to run",
+            file=out,
         )
     print(f"[eval] {len(tasks)} tasks from {source} · run directory {run_dir}", file=out)
     if skipped:
         print(f"[eval] {len(skipped)} unsupported tasks skipped (listed in the summary)", file=out)
-    coord = roles.coordinator(cfg, run_dir, "eval", tasks, first_seq=first_seq)
+    coord = roles.coordinator(cfg, run_dir, "eval", tasks, first_seq=earlier.last_seq)
     run = await _play(cfg, run_dir, cluster, coord, placement, ckpt, out) if tasks else None
     seconds = time.monotonic() - started
     summary, table = eval_summary(
@@ -79,7 +81,7 @@ async def run_eval(
     if cfg.data.eval:
         from guirl.data.metrics import grounding_metrics, grounding_table
 
-        summary["grounding"] = grounding_metrics(run_dir)
+        summary["grounding"] = grounding_metrics(run_dir, tasks=suite)
         table = grounding_table(summary["grounding"])
     write_json_atomic(run_dir / "summary.json", summary)
     print(table, file=out)
@@ -87,16 +89,38 @@ async def run_eval(
     return summary
 
 
-def earlier_results(run_dir: Path) -> tuple[list[TaskResult], int]:
-    """What a resumed eval keeps of `run_dir`: each task's last scored result (`results.jsonl`; an
-    aborted one runs again, as OSWorld's runner runs an example without a result again), and the last
-    episode number its sessions used."""
+# what a resumed eval must play as its earlier sessions did: a result scored with another model, agent,
+# screen or action space does not belong in the same summary (the task list may change: results are kept
+# for the tasks of this suite only)
+RESUME_FIXED = (
+    "model.hf_ckpt",
+    "inference.backend",
+    "inference.openai.model",
+    "agent.",
+    "env.action_space",
+    "env.observation_type",
+    "env.screen_width",
+    "env.screen_height",
+)
+
+
+def earlier_sessions(cfg: GuirlConfig, run_dir: Path) -> Earlier:
+    """What a resumed eval keeps of `run_dir`: each task's last scored result (`results.jsonl`; an aborted
+    one runs again, as OSWorld's runner runs an example without a result again), the episodes, steps and
+    environment errors of its sessions (`episodes.jsonl`), and the last episode number they used. A run
+    that is no eval, or whose settings in `RESUME_FIXED` differ from `cfg`'s, is refused (InputError)."""
     from guirl.actors.coordinator import EPISODE_LEDGER, RESULT_LEDGER
 
     if not (run_dir / "config.toml").is_file():
         raise InputError(f"{run_dir}: not a run directory (no config.toml in it)")
     if (run_dir / "coordinator.json").is_file():
         raise InputError(f"{run_dir}: a train run; `guirl train --resume` continues it")
+    changed = _changed_settings(cfg, run_dir / "config.toml")
+    if changed:
+        raise InputError(
+            f"{run_dir}: its results were scored with other settings ({'; '.join(changed)}); a resumed eval "
+            "plays as its earlier sessions did — set them back, or start a new run"
+        )
     kept: dict[str, TaskResult] = {}
     for line in read_jsonl(run_dir / RESULT_LEDGER):
         try:
@@ -105,9 +129,43 @@ def earlier_results(run_dir: Path) -> tuple[list[TaskResult], int]:
             continue  # not a result this guirl writes
         if result.status == "completed":
             kept[result.task_id] = result
-    ids = (str(line.get("episode_id")) for line in read_jsonl(run_dir / EPISODE_LEDGER))
-    seqs = [int(m.group(1)) for m in map(_EP.fullmatch, ids) if m]
-    return list(kept.values()), max(seqs, default=0)
+    earlier = Earlier(results=list(kept.values()))
+    for line in read_jsonl(run_dir / EPISODE_LEDGER):
+        m = _EP.fullmatch(str(line.get("episode_id")))
+        if m:
+            earlier.last_seq = max(earlier.last_seq, int(m.group(1)))
+        if line.get("kind") == "ended":
+            earlier.episodes += 1
+            earlier.env_errors += bool(line.get("env_error"))
+            steps = line.get("steps")
+            earlier.steps += steps if isinstance(steps, int) and steps > 0 else 0
+    return earlier
+
+
+def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
+    """`key: was X, now Y` for each setting of `RESUME_FIXED` the run's saved config gives otherwise (a
+    key it does not hold, saved by an earlier guirl, is taken as unchanged)."""
+    import tomllib
+
+    import msgspec
+
+    try:
+        was = _flat(tomllib.loads(saved.read_text()))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"{saved}: cannot read the run's saved config: {exc}") from None
+    now = _flat(msgspec.to_builtins(cfg))
+    fixed = [k for k in now if any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FIXED)]
+    return [f"{k}: was {was[k]!r}, now {now[k]!r}" for k in fixed if k in was and was[k] != now[k]]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 _EP = re.compile(r"ep(\d+)")

@@ -193,6 +193,18 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
 # -- summaries ---------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Earlier:
+    """What a resumed eval carries from its earlier sessions (`guirl.eval.earlier_sessions`): each task's last
+    scored result, and the counts of the episodes those sessions played."""
+
+    results: list[TaskResult] = dataclasses.field(default_factory=list)
+    episodes: int = 0
+    steps: int = 0
+    env_errors: int = 0
+    last_seq: int = 0  # the last episode number used: a new session numbers on from it
+
+
 def eval_summary(
     coord: Coordinator,
     skipped: list[SkippedTask],
@@ -202,11 +214,13 @@ def eval_summary(
     backend: str,
     ckpt: str,
     seconds: float,
-    earlier: list[TaskResult] = (),  # type: ignore[assignment]
+    earlier: Earlier | None = None,
 ) -> tuple[dict[str, Any], str]:
     """An eval run's `summary.json` (every task's result, the skipped ones apart) and its table per domain;
-    `earlier`: the results a resumed run kept from its earlier sessions."""
-    results = sorted([*earlier, *coord.results.values()], key=lambda r: (r.domain, r.task_id))
+    `earlier`: what a resumed run kept of its earlier sessions (their results, and their episodes, steps
+    and environment errors, counted in with this session's)."""
+    earlier = earlier or Earlier()
+    results = sorted([*earlier.results, *coord.results.values()], key=lambda r: (r.domain, r.task_id))
     per_domain, table = domain_table(results, skipped)
     snap = coord.snapshot()
     summary = {
@@ -220,11 +234,11 @@ def eval_summary(
         "accuracy": per_domain["all"]["accuracy"],
         "accuracy_all": per_domain["all"]["accuracy_all"],
         "domains": per_domain,
-        "episodes": len(coord.ended),
-        "resumed_with": len(earlier),
-        "env_errors": snap["env_errors"],
+        "episodes": len(coord.ended) + earlier.episodes,
+        "resumed_with": len(earlier.results),
+        "env_errors": snap["env_errors"] + earlier.env_errors,
         "aborted": snap["aborted"],
-        "steps": snap["steps"],
+        "steps": snap["steps"] + earlier.steps,
         "outcomes": dict(Counter(r.outcome for r in results if r.status == "completed")),
         "results": [dataclasses.asdict(r) for r in results],
         "skipped": [dataclasses.asdict(t) for t in skipped],

@@ -471,7 +471,9 @@ class Coordinator(Actor):
             self.counters["episodes.unknown_end"] += 1
             return Ack(ok=False, note=f"episode {eid!r} was never assigned")
         self.ended[eid] = ended
-        self._log_episode("ended", eid, status=ended.status, env_error=ended.env_error, score=ended.score)
+        self._log_episode(
+            "ended", eid, status=ended.status, env_error=ended.env_error, score=ended.score, steps=ended.steps
+        )
         self.counters[f"episodes.{ended.status}"] += 1
         todo = run.todo
         key = (todo.group_id, todo.sample_index)

@@ -161,8 +161,24 @@ def _run_args(p: argparse.ArgumentParser, mode: str) -> None:
 def _load(args: argparse.Namespace, mode: str | None = None):
     """The config of `--config`, the environment and `--set`, checked (`guirl.config.validate`) for `mode`."""
     from guirl.config import load_config
+    from guirl.errors import InputError
 
-    return load_config(args.config, overrides=args.set, mode=mode)
+    cfg = load_config(args.config, overrides=args.set, mode=mode)
+    if mode is not None and _ignored_flags(args, cfg, mode):
+        raise InputError(_ignored_flags(args, cfg, mode)[0])
+    return cfg
+
+
+def _ignored_flags(args: argparse.Namespace, cfg: Any, mode: str) -> list[str]:
+    """The run flags a run of `cfg` would not use (`guirl.config.validate.check_rows` has the keys'
+    rules): `--tasks` in GUI-R1 mode, which plays the rows of `data.<mode>`."""
+    rows = cfg.data.eval if mode == "eval" else cfg.data.train
+    if rows and getattr(args, "tasks", None):
+        return [
+            f"--tasks names an OSWorld task list, but this {mode} plays the rows of data.{mode} ({rows}); "
+            f"give the rows instead (--set data.{mode}=FILE)"
+        ]
+    return []
 
 
 def _dry_run(args: argparse.Namespace, mode: str, resume: Any = None) -> int:
@@ -176,7 +192,7 @@ def _dry_run(args: argparse.Namespace, mode: str, resume: Any = None) -> int:
     from guirl.placement import plan
 
     cfg = _load(args)  # typed; the rules between fields are the first of the checks below
-    found = problems(cfg, mode)
+    found = problems(cfg, mode) + _ignored_flags(args, cfg, mode)
     checks = [lambda: roles.suite(cfg, mode)]  # type: ignore[arg-type]
     if mode == "train" and cfg.train.eval_every:
         checks.append(lambda: roles.suite(cfg, "eval", in_training=True))
@@ -184,8 +200,8 @@ def _dry_run(args: argparse.Namespace, mode: str, resume: Any = None) -> int:
         checks.append(lambda: resolve_checkpoint(cfg))
     if mode == "train" and cfg.prm.enabled and cfg.model.prm_model_path != TINY:
         checks.append(lambda: resolve_prm_checkpoint(cfg))
-    if resume is not None:
-        checks.append(resume)
+    if resume is not None:  # the run to resume, taken with this configuration
+        checks.append(lambda: resume(cfg))
     placement = None
     if not found:  # the GPU plan needs the rules to hold
         try:
@@ -281,13 +297,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     import uvloop
 
     from guirl.errors import RunError
-    from guirl.eval import earlier_results, run_eval
+    from guirl.eval import earlier_sessions, run_eval
     from guirl.log import setup_logging
 
     _settings(args, "eval")
     run_dir = _resume_dir(args)
     if args.dry_run:
-        return _dry_run(args, "eval", (lambda: earlier_results(run_dir)) if run_dir else None)
+        return _dry_run(args, "eval", (lambda cfg: earlier_sessions(cfg, run_dir)) if run_dir else None)
     cfg = _load(args, "eval")
     setup_logging("eval", level=cfg.logging.level, fmt=cfg.logging.format)
     try:
@@ -315,7 +331,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         args.set.append("train.sync=true")
     run_dir = _resume_dir(args)
     if args.dry_run:
-        return _dry_run(args, "train", (lambda: resume_point(run_dir)) if run_dir else None)
+        return _dry_run(args, "train", (lambda cfg: resume_point(run_dir)) if run_dir else None)
     cfg = _load(args, "train")
     setup_logging("train", level=cfg.logging.level, fmt=cfg.logging.format)
     try:

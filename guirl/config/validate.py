@@ -57,6 +57,8 @@ def problems(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) ->
     if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
         checks += [lambda: check_cloud(cfg.env.provider, cfg.cloud), lambda: check_prompt_style(cfg)]
         checks.append(lambda: check_task_lists(cfg, mode))
+    else:
+        checks.append(lambda: check_rows(cfg, mode))
     if mode == "train":
         checks.append(lambda: check_train(cfg))
     found = []
@@ -66,6 +68,22 @@ def problems(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) ->
         except InputError as exc:
             found.append(str(exc))
     return found
+
+
+def check_rows(cfg: GuirlConfig, mode: str) -> None:
+    """GUI-R1 mode plays the rows of `data.train` / `data.eval`: the settings that choose OSWorld tasks
+    (domains, unsupported ones skipped) would be ignored, so they are refused; `--limit` takes the rows."""
+    rows, section = (cfg.data.eval, cfg.eval) if mode == "eval" else (cfg.data.train, cfg.train)
+    if not rows:
+        return
+    given = [f"{mode}.domains (--domain)"] if section.domains else []
+    given += [f"{mode}.skip_unsupported (--skip-unsupported)"] if section.skip_unsupported else []
+    if given:
+        raise InputError(
+            f"{' and '.join(given)} choose{'s' if len(given) == 1 else ''} OSWorld tasks, but this {mode} "
+            f"plays the rows of data.{mode} ({rows}), which have none; leave "
+            f"{'it' if len(given) == 1 else 'them'} out (--limit N takes the first N rows)"
+        )
 
 
 def check_chaos(cfg: GuirlConfig) -> None:

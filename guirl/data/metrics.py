@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,15 @@ _METRICS = (  # name in the report, reward part
 )
 
 
-def grounding_metrics(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+def grounding_metrics(run_dir: str | Path, tasks: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
     """`{domain: {rows, step_success, type_accuracy, grounding_accuracy, ...}}` plus `all`; a metric is None
-    where no row of the domain needs it. Episodes that were not scored (environment errors) are left out."""
+    where no row of the domain needs it. Episodes that were not scored (environment errors) are left out,
+    and with `tasks` (a resumed eval's suite) the episodes of other tasks."""
     parts: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     rows: dict[str, int] = defaultdict(int)
     for path in sorted(Path(run_dir, "episodes").glob("*/*/result.json")):
+        if tasks is not None and path.parent.parent.name not in tasks:
+            continue
         try:
             result = json.loads(path.read_text())
         except (OSError, ValueError):

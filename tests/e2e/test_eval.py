@@ -77,11 +77,12 @@ def test_scripted_reference_solutions_score_100_even_with_a_vm_killed(tmp_path):
     assert (ep_dir / "final.png").exists()
     assert (run_dir / "config.toml").exists() or any(run_dir.glob("config*"))
     # behaviour cloning (guirl sft's sft.run_dirs) rebuilds every step of the successful episodes
+    from guirl.fileio import cache_dir
     from guirl.inference.chat import ChatRenderer
     from guirl.model.tiny import ensure_tiny_checkpoint
     from guirl.sft import episode_samples
 
-    renderer = ChatRenderer.load(ensure_tiny_checkpoint(ROOT / ".cache" / "tiny-qwen3vl"))
+    renderer = ChatRenderer.load(ensure_tiny_checkpoint(cache_dir("tiny-qwen3vl")))  # the one `tiny` names
     problems: list[str] = []
     samples = episode_samples(run_dir, renderer, problems=problems)
     assert problems == [] and len(samples) == sum(e["steps"] for e in episodes if e["status"] == "completed")
@@ -210,10 +211,19 @@ def test_an_interrupted_eval_resumes_and_runs_are_listed(tmp_path):
     assert "2 task(s) scored earlier are kept, 4 to run" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tasks"] == 6 and summary["accuracy"] == 1.0 and summary["resumed_with"] == 2
-    assert summary["episodes"] == 4  # this session's: the kept tasks were not played again
+    # both sessions' episodes and steps: the kept tasks were not played again
+    assert summary["episodes"] == first["episodes"] + 4 == 6
+    assert summary["steps"] >= sum(r["steps"] for r in summary["results"])  # + any retried episode's
     by_task = {r["task_id"]: r["episode_id"] for r in summary["results"]}
     assert all(by_task[t] == e for t, e in kept.items())
     assert len(set(by_task.values())) == 6  # no episode id reused
+    # a finished eval resumed plays nothing and keeps its figures
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=_env(), cwd=tmp_path)
+    assert out.returncode == 0 and "6 task(s) scored earlier are kept, 0 to run" in out.stdout, out.stderr
+    again = json.loads((run_dir / "summary.json").read_text())
+    assert {k: again[k] for k in ("tasks", "accuracy", "episodes", "steps")} == {
+        k: summary[k] for k in ("tasks", "accuracy", "episodes", "steps")
+    }
     # the runs under the results directory, and the run's table again
     listed = subprocess.run([*GUIRL, "runs", str(tmp_path)], capture_output=True, text=True, env=_env())
     assert listed.returncode == 0, listed.stderr

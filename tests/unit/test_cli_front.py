@@ -3,6 +3,7 @@ suggestions for mistypes, `--dry-run` that checks what a start checks, and confi
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -189,3 +190,93 @@ def test_a_run_saved_by_an_earlier_guirl_keeps_its_working_directory_paths(elsew
     assert load_config(run / "config.toml", env={}).eval.tasks == str(elsewhere / "tasks/local/test.json")
     (run / "episodes.jsonl").unlink()  # a config file anywhere else: its own directory's
     assert load_config(run / "config.toml", env={}).eval.tasks == str(run / "tasks/local/test.json")
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["train", "--tasks", "tasks/local/train.json"], "--tasks names an OSWorld task list"),
+        (["train", "--domain", "web"], "train.domains (--domain) chooses OSWorld tasks"),
+        (["eval", "--skip-unsupported"], "eval.skip_unsupported (--skip-unsupported) chooses OSWorld"),
+    ],
+)
+def test_gui_r1_mode_refuses_the_task_flags_it_would_ignore(
+    elsewhere: Path, argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = ["--config", str(ROOT / "configs" / "gui_r1.toml"), "--dry-run"]
+    assert main([*argv, *config]) == 2
+    assert said in capsys.readouterr().err
+
+
+def test_gui_r1_train_takes_limit_as_its_rows(elsewhere: Path) -> None:
+    from guirl import roles
+    from guirl.cli.main import _settings
+
+    args = build_parser().parse_args(["train", "--limit", "5"])
+    _settings(args, "train")
+    cfg = load_config(ROOT / "configs" / "gui_r1.toml", env={}, overrides=args.set)
+    rows, skipped = roles.suite(cfg, "train")
+    assert len(rows) == 5 and skipped == []
+
+
+def _finished_eval(run: Path, **settings: str) -> None:
+    """A run directory as an eval's session leaves it: its config, 2 results, 3 episodes (one an
+    environment error) and their steps."""
+    from guirl.config import save_resolved
+
+    overrides = [f"{k}={v}" for k, v in settings.items()]
+    cfg = load_config(ROOT / "configs" / "local_eval.toml", env={}, overrides=overrides)
+    run.mkdir(parents=True)
+    save_resolved(cfg, run)
+    ended = [
+        ("ep00001", "retried", "vm lost", 2),
+        ("ep00002", "completed", "", 7),
+        ("ep00003", "completed", "", 4),
+    ]
+    lines = [
+        {"kind": "ended", "episode_id": e, "status": s, "env_error": err, "score": 1.0, "steps": n}
+        for e, s, err, n in ended
+    ]
+    (run / "episodes.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    results = [
+        {
+            "task_id": t,
+            "domain": "os",
+            "status": "completed",
+            "score": 1.0,
+            "outcome": "success",
+            "episode_id": e,
+            "attempts": 1,
+            "steps": 5,
+            "env_errors": [],
+            "seconds": 1.0,
+        }
+        for t, e in (("a", "ep00002"), ("b", "ep00003"))
+    ]
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
+
+
+def test_a_resumed_eval_carries_its_earlier_sessions_counts(elsewhere: Path) -> None:
+    from guirl.eval import earlier_sessions
+
+    run = elsewhere / "run"
+    _finished_eval(run)
+    cfg = load_config(run / "config.toml", env={})
+    earlier = earlier_sessions(cfg, run)
+    assert {r.task_id for r in earlier.results} == {"a", "b"}
+    assert (earlier.episodes, earlier.steps, earlier.env_errors, earlier.last_seq) == (3, 13, 1, 3)
+
+
+def test_a_resumed_eval_refuses_settings_that_would_score_otherwise(
+    elsewhere: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = elsewhere / "run"
+    _finished_eval(run, **{"agent.temperature": "0.5"})
+    argv = ["eval", "--resume", str(run), "--dry-run"]
+    assert main(argv) == 0, capsys.readouterr().err  # as saved: nothing changed
+    capsys.readouterr()
+    assert main([*argv, "--set", "agent.temperature=1.0", "--backend", "scripted"]) == 2
+    err = capsys.readouterr().err
+    assert "agent.temperature: was 0.5, now 1.0" in err
+    assert "inference.backend: was 'hf', now 'scripted'" in err
+    assert main([*argv, "--set", "inference.max_batch=2"]) == 0  # how it is served is free to change
