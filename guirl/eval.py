@@ -12,6 +12,7 @@ import asyncio
 import re
 import sys
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -46,15 +47,14 @@ async def run_eval(
     ckpt = resolve_checkpoint(cfg)
     if resume and run_dir is None:
         raise RunError("resuming needs the run directory of the eval to resume")
-    earlier = earlier_sessions(cfg, run_dir) if resume else Earlier()  # type: ignore[arg-type]
+    suite = {t.task_id for t in tasks}
+    earlier = earlier_sessions(cfg, run_dir, suite) if resume else Earlier()  # type: ignore[arg-type]
     run_dir = run_dir or make_run_dir(cfg)
     save_resolved(cfg, run_dir)
     started = time.monotonic()
     source = cfg.data.eval or cfg.eval.tasks
-    suite = {t.task_id for t in tasks}
     if resume:
         scored = {r.task_id for r in earlier.results}
-        earlier.results = [r for r in earlier.results if r.task_id in suite]  # of this suite only
         tasks = [t for t in tasks if t.task_id not in scored]
         print(
             f"[eval] resuming: {len(earlier.results)} task(s) scored earlier are kept, {len(tasks)} to run",
@@ -81,7 +81,8 @@ async def run_eval(
     if cfg.data.eval:
         from guirl.data.metrics import grounding_metrics, grounding_table
 
-        summary["grounding"] = grounding_metrics(run_dir, tasks=suite)
+        final = {r["episode_id"] for r in summary["results"]}  # each row's final episode, of this suite
+        summary["grounding"] = grounding_metrics(run_dir, episodes=final)
         table = grounding_table(summary["grounding"])
     write_json_atomic(run_dir / "summary.json", summary)
     print(table, file=out)
@@ -90,25 +91,35 @@ async def run_eval(
 
 
 # what a resumed eval must play as its earlier sessions did: a result scored with another model, agent,
-# screen or action space does not belong in the same summary (the task list may change: results are kept
-# for the tasks of this suite only)
+# screen, action space or (GUI-R1 mode) rows and reward does not belong in the same summary. How it is
+# served (engines, workers, batching) may change, and so may the task list: the results of this suite's
+# tasks are kept.
 RESUME_FIXED = (
     "model.hf_ckpt",
     "inference.backend",
+    "inference.hf.dtype",
     "inference.openai.model",
+    "inference.scripted.dir",
     "agent.",
     "env.action_space",
     "env.observation_type",
     "env.screen_width",
     "env.screen_height",
+    "data.eval",
+    "data.task_type",
+    "data.format_weight",
+    "data.accuracy_weight",
+    "data.point_radius_px",
+    "data.text_f1",
 )
 
 
-def earlier_sessions(cfg: GuirlConfig, run_dir: Path) -> Earlier:
+def earlier_sessions(cfg: GuirlConfig, run_dir: Path, suite: Collection[str] | None = None) -> Earlier:
     """What a resumed eval keeps of `run_dir`: each task's last scored result (`results.jsonl`; an aborted
     one runs again, as OSWorld's runner runs an example without a result again), the episodes, steps and
-    environment errors of its sessions (`episodes.jsonl`), and the last episode number they used. A run
-    that is no eval, or whose settings in `RESUME_FIXED` differ from `cfg`'s, is refused (InputError)."""
+    environment errors of its sessions (`episodes.jsonl`), and the last episode number they used; with
+    `suite`, of those tasks only. A run that is no eval, or whose settings in `RESUME_FIXED` differ from
+    `cfg`'s, is refused (InputError)."""
     from guirl.actors.coordinator import EPISODE_LEDGER, RESULT_LEDGER
 
     if not (run_dir / "config.toml").is_file():
@@ -119,40 +130,53 @@ def earlier_sessions(cfg: GuirlConfig, run_dir: Path) -> Earlier:
     if changed:
         raise InputError(
             f"{run_dir}: its results were scored with other settings ({'; '.join(changed)}); a resumed eval "
-            "plays as its earlier sessions did — set them back, or start a new run"
+            "plays as its earlier sessions did — set them back (--set KEY=VALUE; the environment's GUI_* "
+            "variables count too), or start a new run"
         )
     kept: dict[str, TaskResult] = {}
+    steps_of: dict[str, int] = {}  # an episode's steps, for ledgers written before they carried them
     for line in read_jsonl(run_dir / RESULT_LEDGER):
         try:
             result = TaskResult(**line)
         except TypeError:
             continue  # not a result this guirl writes
-        if result.status == "completed":
+        steps_of[result.episode_id] = result.steps
+        if result.status == "completed" and (suite is None or result.task_id in suite):
             kept[result.task_id] = result
     earlier = Earlier(results=list(kept.values()))
+    task_of: dict[str, str] = {}
     for line in read_jsonl(run_dir / EPISODE_LEDGER):
-        m = _EP.fullmatch(str(line.get("episode_id")))
+        eid = str(line.get("episode_id"))
+        m = _EP.fullmatch(eid)
         if m:
             earlier.last_seq = max(earlier.last_seq, int(m.group(1)))
-        if line.get("kind") == "ended":
+        if line.get("kind") == "assigned":
+            task_of[eid] = str(line.get("task_id"))
+        elif line.get("kind") == "ended" and (suite is None or task_of.get(eid) in suite):
             earlier.episodes += 1
             earlier.env_errors += bool(line.get("env_error"))
-            steps = line.get("steps")
+            steps = line.get("steps", steps_of.get(eid, 0))
             earlier.steps += steps if isinstance(steps, int) and steps > 0 else 0
     return earlier
 
 
 def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
-    """`key: was X, now Y` for each setting of `RESUME_FIXED` the run's saved config gives otherwise (a
-    key it does not hold, saved by an earlier guirl, is taken as unchanged)."""
+    """`key: was X, now Y` for each setting of `RESUME_FIXED` the run's saved config gives otherwise: read
+    as a resume reads it (paths resolved alike, an earlier guirl's relative ones included); a key it does
+    not hold, saved by an earlier guirl, is taken as unchanged."""
     import tomllib
 
     import msgspec
 
+    from guirl.config import load_config
+
     try:
-        was = _flat(tomllib.loads(saved.read_text()))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise InputError(f"{saved}: cannot read the run's saved config: {exc}") from None
+        was = _flat(msgspec.to_builtins(load_config(saved, env={})))
+    except ValueError:  # a config this guirl no longer loads: its values as written
+        try:
+            was = _flat(tomllib.loads(saved.read_text()))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise InputError(f"{saved}: cannot read the run's saved config: {exc}") from None
     now = _flat(msgspec.to_builtins(cfg))
     fixed = [k for k in now if any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FIXED)]
     return [f"{k}: was {was[k]!r}, now {now[k]!r}" for k in fixed if k in was and was[k] != now[k]]

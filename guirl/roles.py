@@ -278,17 +278,17 @@ def suite(
     cfg: GuirlConfig, mode: str, *, in_training: bool = False
 ) -> tuple[list[SuiteTask], list[SkippedTask]]:
     """The tasks a mode hands out, checked before any VM starts: `eval.tasks` (its domains and limit) or
-    `train.tasks`, or in GUI-R1 mode the rows of `data.eval` / `data.train` (`data.limit`, else the mode's
-    own `limit`; the evaluations in training take `data.limit` only); and the unsupported tasks skipped
-    (listed in the summary, never run). `in_training`: the evaluations a train run makes every
+    `train.tasks`, or in GUI-R1 mode the rows of `data.eval` / `data.train` (the mode's own `limit`,
+    `--limit`, else `data.limit`; the evaluations in training take `data.limit` only); and the unsupported
+    tasks skipped (listed in the summary, never run). `in_training`: the evaluations a train run makes every
     `train.eval_every` versions."""
     from guirl.data.tasks import dataset_tasks
 
     d, e, t = cfg.data, cfg.eval, cfg.train
     if mode == "train" and d.train:
-        return dataset_tasks(d.train, "train", d.limit or t.limit), []
+        return dataset_tasks(d.train, "train", t.limit or d.limit), []
     if mode == "eval" and (d.train if in_training else d.eval):  # in training, the workers' kind decides
-        return dataset_tasks(d.eval, "eval", d.limit if in_training else (d.limit or e.limit)), []
+        return dataset_tasks(d.eval, "eval", d.limit if in_training else (e.limit or d.limit)), []
     if mode == "train":
         tasks = load_suite(t.tasks, domains=t.domains, limit=t.limit)
         skipped = (t.skip_unsupported, t.tasks)

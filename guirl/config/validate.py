@@ -78,11 +78,14 @@ def check_rows(cfg: GuirlConfig, mode: str) -> None:
         return
     given = [f"{mode}.domains (--domain)"] if section.domains else []
     given += [f"{mode}.skip_unsupported (--skip-unsupported)"] if section.skip_unsupported else []
+    resets = [f"--set {mode}.domains=[]"] if section.domains else []
+    resets += [f"--set {mode}.skip_unsupported=false"] if section.skip_unsupported else []
     if given:
         raise InputError(
             f"{' and '.join(given)} choose{'s' if len(given) == 1 else ''} OSWorld tasks, but this {mode} "
             f"plays the rows of data.{mode} ({rows}), which have none; leave "
-            f"{'it' if len(given) == 1 else 'them'} out (--limit N takes the first N rows)"
+            f"{'it' if len(given) == 1 else 'them'} out ({', '.join(resets)}; --limit N takes the first "
+            "N rows)"
         )
 
 

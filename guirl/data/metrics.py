@@ -24,14 +24,16 @@ _METRICS = (  # name in the report, reward part
 )
 
 
-def grounding_metrics(run_dir: str | Path, tasks: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
+def grounding_metrics(
+    run_dir: str | Path, episodes: Collection[str] | None = None
+) -> dict[str, dict[str, Any]]:
     """`{domain: {rows, step_success, type_accuracy, grounding_accuracy, ...}}` plus `all`; a metric is None
     where no row of the domain needs it. Episodes that were not scored (environment errors) are left out,
-    and with `tasks` (a resumed eval's suite) the episodes of other tasks."""
+    and with `episodes` (the summary's: a resumed eval's suite, each row's final episode) all others."""
     parts: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     rows: dict[str, int] = defaultdict(int)
     for path in sorted(Path(run_dir, "episodes").glob("*/*/result.json")):
-        if tasks is not None and path.parent.parent.name not in tasks:
+        if episodes is not None and path.parent.name not in episodes:
             continue
         try:
             result = json.loads(path.read_text())

@@ -54,8 +54,9 @@ class Case:
     lr: float
     activation_checkpointing: bool = False
     weight_tol: float = 4e-6
-    """Largest allowed |weight difference| after the step (the updates are 1e-3 .. 1 in size; summing in
-    another order moves a float32 weight near 1 by a few ulp, 1e-7 each, and CPUs differ in that order)."""
+    """Largest allowed |weight difference| after the step (the updates are 1e-3 .. 1 in size). The update
+    lr * g of the largest (~1) differs between ranks and one process by a few parts in 1e6 of itself: the
+    gradient is summed in another order (over ranks, micro-batches, a CPU's vector width)."""
 
 
 CASES = [
@@ -315,8 +316,13 @@ def test_fsdp_ranks_match_one_process(
                 assert metrics[key] == ref_metrics[key], key
         for key in ("entropy", "clipfrac", "approx_kl", "ratio_mean", "tis_weight_mean", "tis_clipped_frac"):
             assert metrics[key] == pytest.approx(ref_metrics[key], abs=1e-5), key
-        # Sensitive: the update is far larger than the tolerance, so a gradient off by any factor fails.
-        assert update_size > 40 * case.weight_tol
+        # Sensitive: the update is far larger than the tolerance, so a gradient off by any factor fails (a
+        # first AdamW step moves each weight by lr at most, whatever the gradient's scale: its tolerance
+        # is a fraction of lr, and the step must have moved some weight by about lr).
+        if case.optimizer == "adamw":
+            assert update_size > 0.5 * case.lr
+        else:
+            assert update_size > 100 * case.weight_tol
         assert update_diff < case.weight_tol, case.name
 
 

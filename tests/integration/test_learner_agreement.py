@@ -352,9 +352,11 @@ def test_micro_batching_does_not_change_the_update(
     assert m_split["loss"] == pytest.approx(m_whole["loss"], abs=1e-5)
     assert m_split["grad_norm"] == pytest.approx(m_whole["grad_norm"], rel=1e-5)
     assert m_split["entropy"] == pytest.approx(m_whole["entropy"], rel=1e-5)
-    for (name, a), b in zip(whole.named_parameters(), split.parameters()):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
-    assert any(not torch.equal(a, b) for a, b in zip(whole.parameters(), load_model(ckpt).parameters()))
+    # the updates compared, not the weights (a weight near 1 would hide an update of 1e-5 in its rtol)
+    before = load_model(ckpt)
+    for (name, a), b, w in zip(whole.named_parameters(), split.parameters(), before.parameters()):
+        torch.testing.assert_close(a - w, b - w, atol=1e-6, rtol=1e-4, msg=name)
+    assert any(not torch.equal(a, b) for a, b in zip(whole.parameters(), before.parameters()))
 
 
 def test_mini_batches_clip_against_the_proximal_policy_and_stale_samples_are_reweighted(

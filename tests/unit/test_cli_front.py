@@ -219,24 +219,27 @@ def test_gui_r1_train_takes_limit_as_its_rows(elsewhere: Path) -> None:
     assert len(rows) == 5 and skipped == []
 
 
-def _finished_eval(run: Path, **settings: str) -> None:
-    """A run directory as an eval's session leaves it: its config, 2 results, 3 episodes (one an
-    environment error) and their steps."""
+def _finished_eval(run: Path, steps: bool = True, **settings: str) -> None:
+    """A run directory as an eval's session leaves it: its config, 2 results (tasks a and b), 4 episodes
+    (one an environment error, one of task c that never ended scored) and their steps (`steps=False`: a
+    ledger an earlier guirl wrote, its steps in the results only)."""
     from guirl.config import save_resolved
 
     overrides = [f"{k}={v}" for k, v in settings.items()]
     cfg = load_config(ROOT / "configs" / "local_eval.toml", env={}, overrides=overrides)
     run.mkdir(parents=True)
     save_resolved(cfg, run)
-    ended = [
-        ("ep00001", "retried", "vm lost", 2),
-        ("ep00002", "completed", "", 7),
-        ("ep00003", "completed", "", 4),
+    played = [
+        ("ep00001", "a", "retried", "vm lost", 2),
+        ("ep00002", "a", "completed", "", 7),
+        ("ep00003", "b", "completed", "", 4),
+        ("ep00004", "c", "retried", "vm lost", 3),
     ]
-    lines = [
-        {"kind": "ended", "episode_id": e, "status": s, "env_error": err, "score": 1.0, "steps": n}
-        for e, s, err, n in ended
-    ]
+    lines = []
+    for eid, task, status, err, n in played:
+        lines.append({"kind": "assigned", "episode_id": eid, "task_id": task})
+        end = {"kind": "ended", "episode_id": eid, "status": status, "env_error": err, "score": 1.0}
+        lines.append({**end, "steps": n} if steps else end)
     (run / "episodes.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     results = [
         {
@@ -247,11 +250,11 @@ def _finished_eval(run: Path, **settings: str) -> None:
             "outcome": "success",
             "episode_id": e,
             "attempts": 1,
-            "steps": 5,
+            "steps": n,
             "env_errors": [],
             "seconds": 1.0,
         }
-        for t, e in (("a", "ep00002"), ("b", "ep00003"))
+        for t, e, n in (("a", "ep00002", 7), ("b", "ep00003", 4))
     ]
     (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in results))
 
@@ -264,7 +267,31 @@ def test_a_resumed_eval_carries_its_earlier_sessions_counts(elsewhere: Path) -> 
     cfg = load_config(run / "config.toml", env={})
     earlier = earlier_sessions(cfg, run)
     assert {r.task_id for r in earlier.results} == {"a", "b"}
-    assert (earlier.episodes, earlier.steps, earlier.env_errors, earlier.last_seq) == (3, 13, 1, 3)
+    assert (earlier.episodes, earlier.steps, earlier.env_errors, earlier.last_seq) == (4, 16, 2, 4)
+    # a smaller suite: the results, episodes and steps of its tasks only; numbering goes on from the last
+    earlier = earlier_sessions(cfg, run, suite={"a"})
+    assert [r.task_id for r in earlier.results] == ["a"]
+    assert (earlier.episodes, earlier.steps, earlier.env_errors, earlier.last_seq) == (2, 9, 1, 4)
+    # a ledger without steps (an earlier guirl's): the scored episodes' steps come from their results
+    old = elsewhere / "old"
+    _finished_eval(old, steps=False)
+    assert earlier_sessions(cfg, old).steps == 11
+
+
+def test_a_run_saved_with_relative_paths_by_an_earlier_guirl_resumes(elsewhere: Path) -> None:
+    """Its relative checkpoint path is read as a resume reads it (from where it was started), not taken
+    for a change."""
+    from guirl.eval import earlier_sessions
+
+    run = elsewhere / "runs" / "old"
+    _finished_eval(run)
+    (elsewhere / "ckpts" / "m").mkdir(parents=True)
+    text = (run / "config.toml").read_text().replace('hf_ckpt = "tiny"', 'hf_ckpt = "ckpts/m"')
+    assert "ckpts/m" in text
+    (run / "config.toml").write_text(text)
+    cfg = load_config(run / "config.toml", env={})
+    assert cfg.model.hf_ckpt == str(elsewhere / "ckpts" / "m")
+    assert earlier_sessions(cfg, run).episodes == 4
 
 
 def test_a_resumed_eval_refuses_settings_that_would_score_otherwise(
@@ -278,5 +305,5 @@ def test_a_resumed_eval_refuses_settings_that_would_score_otherwise(
     assert main([*argv, "--set", "agent.temperature=1.0", "--backend", "scripted"]) == 2
     err = capsys.readouterr().err
     assert "agent.temperature: was 0.5, now 1.0" in err
-    assert "inference.backend: was 'hf', now 'scripted'" in err
+    assert "inference.backend: was 'hf', now 'scripted'" in err and "--set KEY=VALUE" in err
     assert main([*argv, "--set", "inference.max_batch=2"]) == 0  # how it is served is free to change
