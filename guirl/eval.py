@@ -179,6 +179,12 @@ def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
             raise InputError(f"{saved}: cannot read the run's saved config: {exc}") from None
     now = _flat(msgspec.to_builtins(cfg))
     fixed = [k for k in now if any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FIXED)]
+    # a backend's own settings count where that backend plays (a change of backend is said by itself)
+    fixed = [
+        k
+        for k in fixed
+        if not k.startswith("inference.") or k.split(".")[1] in ("backend", cfg.inference.backend)
+    ]
     return [f"{k}: was {was[k]!r}, now {now[k]!r}" for k in fixed if k in was and was[k] != now[k]]
 
 

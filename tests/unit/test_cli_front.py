@@ -307,3 +307,5 @@ def test_a_resumed_eval_refuses_settings_that_would_score_otherwise(
     assert "agent.temperature: was 0.5, now 1.0" in err
     assert "inference.backend: was 'hf', now 'scripted'" in err and "--set KEY=VALUE" in err
     assert main([*argv, "--set", "inference.max_batch=2"]) == 0  # how it is served is free to change
+    assert main([*argv, "--set", "inference.openai.model=other"]) == 0  # another backend's setting
+    assert main([*argv, "--set", "inference.hf.dtype=bfloat16"]) == 2  # this backend's
