@@ -105,6 +105,7 @@ RESUME_FIXED = (
     "env.observation_type",
     "env.screen_width",
     "env.screen_height",
+    "env.screenshot_cursor",
     "data.eval",
     "data.task_type",
     "data.format_weight",

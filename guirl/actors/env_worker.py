@@ -230,7 +230,10 @@ class EnvWorker(Actor):
             from guirl.vmpool.local import LocalProvider
 
             return LocalProvider(
-                self.run_dir / "vms" / self.name, width=self.env.screen_width, height=self.env.screen_height
+                self.run_dir / "vms" / self.name,
+                width=self.env.screen_width,
+                height=self.env.screen_height,
+                cursor=self.env.screenshot_cursor,
             )
         from guirl.vmpool.cloud import CloudProvider, run_alive
         from guirl.vmpool.clouds import make_cloud

@@ -231,6 +231,9 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Desktop width, in pixels."""
     screen_height: PosInt = 1080
     """Desktop height, in pixels."""
+    screenshot_cursor: bool = True
+    """Draw the mouse pointer into local desktops' screenshots, as OSWorld's VM server draws it into its own
+    (a policy trained on one sees the other alike); off: the screen alone. Cloud VMs run OSWorld's server."""
     step_latency_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
     """Extra seconds every step costs, parsed or not (benchmarks: a cloud VM is slower than a local one)."""
     chromium_port: Annotated[int, Meta(ge=0, le=65535)] = 9222

@@ -95,6 +95,7 @@ class LocalProvider:
         width: int = 1920,
         height: int = 1080,
         png_level: int = 1,
+        cursor: bool = True,
         template: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 60.0,
         window_manager: str = "icewm",
@@ -103,6 +104,7 @@ class LocalProvider:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.width, self.height, self.png_level = width, height, png_level
+        self.cursor = cursor  # the pointer drawn into guirl's server's screenshots, as OSWorld's server does
         self.template = Path(template) if template else self._default_template()
         self.start_timeout_s = start_timeout_s
         self.window_manager = window_manager
@@ -250,6 +252,7 @@ class LocalProvider:
             str(self.png_level),
             "--wm",
             self.window_manager,
+            *([] if self.cursor else ["--no-cursor"]),
         ]
         if self.osworld_server is not None:  # where an OSWorld image keeps it (copied in at each reset)
             command += ["--osworld-server", f"{HOME}/server/{self.osworld_server.name}"]

@@ -73,19 +73,30 @@ def _holds_distributions(path: str) -> bool:
         return False
 
 
-def python_roots() -> list[str]:
-    """Directories the sandbox needs to run this Python with guirl importable, read-only: the interpreter's
-    prefixes, guirl's package, and every directory on sys.path that packages are installed in: guirl's
-    dependencies may live outside the prefixes (a user site, a `.pth` or PYTHONPATH entry) and the VM
-    server imports them. Only installation directories: a checkout or working directory on sys.path
-    stays out of the VM (it may hold the tasks' solutions)."""
-    roots = {
-        os.path.realpath(sys.base_prefix),
-        os.path.realpath(sys.prefix),
-        os.path.realpath(os.path.dirname(os.path.dirname(guirl.__file__)) + "/guirl"),
-        *(os.path.realpath(p or ".") for p in sys.path if _holds_distributions(p)),
-    }
-    return sorted(r for r in roots if not r.startswith("/usr"))  # /usr is bound anyway
+def python_roots() -> list[tuple[str, str]]:
+    """Directories the sandbox needs to run this Python with guirl importable, read-only, as (host directory,
+    path in the sandbox): the interpreter's prefixes, guirl's package, and every directory on sys.path that
+    packages are installed in: guirl's dependencies may live outside the prefixes (a user site, a `.pth` or
+    PYTHONPATH entry) and the VM server imports them. Only installation directories: a checkout or working
+    directory on sys.path stays out of the VM (it may hold the tasks' solutions).
+
+    Each is bound at its real path and, where this Python names it through a symlink (a virtual environment
+    that is itself a link, a pyenv shim's prefix, a conda-style prefix under a linked directory), at that
+    name too: the sandbox runs `sys.executable` as this process names it, and a venv's interpreter finds its
+    `pyvenv.cfg` and site-packages beside that name."""
+    named = [
+        sys.base_prefix,
+        sys.prefix,
+        os.path.dirname(os.path.dirname(guirl.__file__)) + "/guirl",
+        *(p or "." for p in sys.path if _holds_distributions(p)),
+    ]
+    pairs = set()
+    for path in named:
+        real = os.path.realpath(path)
+        pairs.add((real, real))
+        pairs.add((real, os.path.normpath(os.path.abspath(path))))
+    # /usr is bound anyway; a parent is bound before what lies under it
+    return sorted((p for p in pairs if not p[1].startswith("/usr")), key=lambda p: p[1])
 
 
 def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None = None) -> list[str]:
@@ -119,8 +130,8 @@ def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None =
     argv += ["--dev", "/dev", "--proc", "/proc"]
     for private in ("/tmp", "/run", "/var/tmp", "/home"):
         argv += ["--tmpfs", private]
-    for root in python_roots():
-        argv += ["--ro-bind", root, root]
+    for root, where in python_roots():
+        argv += ["--ro-bind", root, where]
     argv += [
         "--bind",
         str(vm_dir / "home"),

@@ -117,7 +117,9 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     if args.osworld_server:
         children.append(await asyncio.to_thread(start_foreign_server, args, env))
     else:
-        server = VMServer(Desktop(display, png_level=args.png_level), env=env, home=home)
+        server = VMServer(
+            Desktop(display, png_level=args.png_level, cursor=not args.no_cursor), env=env, home=home
+        )
         runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
         if args.listen_fd is not None:  # the host made the socket, where nothing in here can touch it
@@ -188,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--png-level", type=int, default=1, help="PNG compression level of screenshots (0-9)")
+    ap.add_argument("--no-cursor", action="store_true", help="screenshots without the mouse pointer drawn in")
     ap.add_argument("--wm", default="icewm", help="window manager to run ('' for none)")
     ap.add_argument("--osworld-server", help="run this OSWorld VM server main.py instead of guirl's server")
     args = ap.parse_args(argv)

@@ -255,3 +255,66 @@ def test_the_namespace_killer_never_kills_its_own():
 
     with pytest.raises(ValueError, match="own PID namespace"):
         kill_namespace(pid_namespace("self"))
+
+
+def test_a_vm_starts_from_a_python_reached_through_a_symlink(tmp_path):
+    """A virtual environment that is itself a link (or a prefix under a linked directory): the sandbox runs
+    the interpreter by the name this Python has, so that name must exist inside it too."""
+    import subprocess
+    import sys
+
+    link = tmp_path / "env-link"
+    link.symlink_to(Path(sys.prefix))
+    script = f"""
+import asyncio
+from guirl.vmpool.client import VMClient
+from guirl.vmpool.local import LocalProvider
+
+async def main():
+    provider = LocalProvider({str(tmp_path / "vms")!r}, width=320, height=240)
+    vm = await provider.create("link")
+    try:
+        async with VMClient(provider.address(vm), timeout_s=30) as client:
+            print(len(await client.screenshot()), await client.screen_size())
+    finally:
+        await provider.delete(vm)
+
+asyncio.run(main())
+"""
+    python = link / "bin" / Path(sys.executable).name
+    out = subprocess.run([str(python), "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    size, screen = out.stdout.split(maxsplit=1)
+    assert int(size) > 100 and screen.strip() == "(320, 240)"
+
+
+def test_screenshots_show_the_pointer_as_osworlds_do_unless_turned_off(tmp_path):
+    """The pointer moved over an empty desktop: drawn in, the screenshots differ where it was and where it
+    went; turned off (`env.screenshot_cursor = false`), they are the same screen."""
+    from io import BytesIO
+
+    from PIL import Image, ImageChops
+
+    from guirl.agent.actions import MoveTo
+
+    async def two_shots(cursor: bool) -> tuple[Image.Image, Image.Image]:
+        provider = LocalProvider(tmp_path / f"vms-{cursor}", width=320, height=240, cursor=cursor)
+        vm = await provider.create("cursor")
+        try:
+            async with VMClient(provider.address(vm), timeout_s=30) as client:
+                shots = []
+                for x, y in ((60, 60), (220, 160)):
+                    shot = (await client.act(MoveTo(x=x, y=y))).screenshot
+                    assert shot is not None and await client.cursor_position() == (x, y)
+                    shots.append(Image.open(BytesIO(shot)).convert("RGB"))
+                return shots[0], shots[1]
+        finally:
+            await provider.delete(vm)
+
+    async def main():
+        return await asyncio.gather(two_shots(True), two_shots(False))
+
+    (a, b), (c, d) = run(main(), timeout=120)
+    box = ImageChops.difference(a, b).getbbox()  # where the two screens differ: around both positions
+    assert box is not None and box[0] <= 62 and box[1] <= 62 and box[2] >= 222 and box[3] >= 162, box
+    assert ImageChops.difference(c, d).getbbox() is None

@@ -19,7 +19,7 @@ def test_installation_directories_on_sys_path_are_bound_and_a_checkout_is_not(tm
     (checkout / "guirl.egg-info").mkdir()
     monkeypatch.chdir(checkout)  # "" on sys.path: the working directory
     monkeypatch.setattr(sys, "path", [str(checkout), *sys.path, str(deps), str(tmp_path / "gone"), ""])
-    roots = python_roots()
+    roots = [where for _, where in python_roots()]
     assert str(deps.resolve()) in roots
     assert str(checkout.resolve()) not in roots and str(tmp_path.resolve()) not in roots
     assert roots == sorted(roots)  # a parent is bound before what lies under it

@@ -28,9 +28,11 @@ from guirl.agent.actions import (
 class Desktop:
     """The X display this server runs on."""
 
-    def __init__(self, display: str, *, png_level: int = 1) -> None:
+    def __init__(self, display: str, *, png_level: int = 1, cursor: bool = True) -> None:
         self.display = display
         self.png_level = png_level
+        # the pointer drawn in (XFixes' cursor image at its hotspot), as OSWorld's server draws it
+        self.cursor = cursor
         self._mss: Any = None
         self._pyautogui: Any = None
 
@@ -40,7 +42,7 @@ class Desktop:
         if self._mss is None:
             import mss
 
-            self._mss = mss.mss(display=self.display)
+            self._mss = mss.mss(display=self.display, with_cursor=self.cursor)
         return self._mss
 
     def screen_size(self) -> tuple[int, int]:
