@@ -163,8 +163,8 @@ def earlier_sessions(cfg: GuirlConfig, run_dir: Path, suite: Collection[str] | N
 
 def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
     """`key: was X, now Y` for each setting of `RESUME_FIXED` the run's saved config gives otherwise: read
-    as a resume reads it (paths resolved alike, an earlier guirl's relative ones included); a key it does
-    not hold, saved by an earlier guirl, is taken as unchanged."""
+    as a resume reads it (paths resolved alike, an earlier guirl's relative ones included; a key it lacks
+    at its default, or at what guirl did before the key existed, `_BEFORE_THEIR_KEY`)."""
     import tomllib
 
     import msgspec
@@ -172,12 +172,14 @@ def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
     from guirl.config import load_config
 
     try:
+        written = _flat(tomllib.loads(saved.read_text()))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise InputError(f"{saved}: cannot read the run's saved config: {exc}") from None
+    try:
         was = _flat(msgspec.to_builtins(load_config(saved, env={})))
     except ValueError:  # a config this guirl no longer loads: its values as written
-        try:
-            was = _flat(tomllib.loads(saved.read_text()))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise InputError(f"{saved}: cannot read the run's saved config: {exc}") from None
+        was = written
+    was.update({k: v for k, v in _BEFORE_THEIR_KEY.items() if k not in written})
     now = _flat(msgspec.to_builtins(cfg))
     fixed = [k for k in now if any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FIXED)]
     # a backend's own settings count where that backend plays (a change of backend is said by itself)
@@ -187,6 +189,10 @@ def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
         if not k.startswith("inference.") or k.split(".")[1] in ("backend", cfg.inference.backend)
     ]
     return [f"{k}: was {was[k]!r}, now {now[k]!r}" for k in fixed if k in was and was[k] != now[k]]
+
+
+# what a run saved before a setting existed played with (where that is not the setting's default)
+_BEFORE_THEIR_KEY = {"env.screenshot_cursor": False}
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -95,8 +95,17 @@ def python_roots() -> list[tuple[str, str]]:
         real = os.path.realpath(path)
         pairs.add((real, real))
         pairs.add((real, os.path.normpath(os.path.abspath(path))))
+    # the interpreter itself, where it is named outside every prefix (`~/bin/python3 -> /usr/bin/python3`);
+    # inside one (a venv's bin/python link) it is there already, and a read-only bind takes no file on top
+    exe = os.path.normpath(os.path.abspath(sys.executable))
+    if not any(_under(exe, where) for _, where in pairs) and not _under(exe, "/usr"):
+        pairs.add((os.path.realpath(sys.executable), exe))
     # /usr is bound anyway; a parent is bound before what lies under it
-    return sorted((p for p in pairs if not p[1].startswith("/usr")), key=lambda p: p[1])
+    return sorted((p for p in pairs if not _under(p[1], "/usr")), key=lambda p: p[1])
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
 
 
 def bwrap_argv(vm_dir: Path, command: list[str], *, env: dict[str, str] | None = None) -> list[str]:

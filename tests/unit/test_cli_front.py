@@ -12,6 +12,7 @@ import pytest
 from guirl import __version__
 from guirl.cli import build_parser, main
 from guirl.config import load_config
+from guirl.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -292,6 +293,13 @@ def test_a_run_saved_with_relative_paths_by_an_earlier_guirl_resumes(elsewhere: 
     cfg = load_config(run / "config.toml", env={})
     assert cfg.model.hf_ckpt == str(elsewhere / "ckpts" / "m")
     assert earlier_sessions(cfg, run).episodes == 4
+    # a setting that came later: the run played as guirl did before it (screenshots without the pointer)
+    lines = (run / "config.toml").read_text().splitlines()
+    (run / "config.toml").write_text("\n".join(x for x in lines if not x.startswith("screenshot_cursor")))
+    with pytest.raises(InputError, match="env.screenshot_cursor: was False, now True"):
+        earlier_sessions(load_config(run / "config.toml", env={}), run)
+    off = load_config(run / "config.toml", env={}, overrides=["env.screenshot_cursor=false"])
+    assert earlier_sessions(off, run).episodes == 4
 
 
 def test_a_resumed_eval_refuses_settings_that_would_score_otherwise(

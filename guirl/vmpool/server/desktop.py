@@ -42,7 +42,7 @@ class Desktop:
         if self._mss is None:
             import mss
 
-            self._mss = mss.mss(display=self.display, with_cursor=self.cursor)
+            self._mss = mss.MSS(display=self.display, with_cursor=self.cursor)
         return self._mss
 
     def screen_size(self) -> tuple[int, int]:
