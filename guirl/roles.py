@@ -263,14 +263,17 @@ def coordinator(
 
 def run_settings(cfg: GuirlConfig) -> set[str]:
     """What the run's configuration provides to tasks that need a setting (Chrome's DevTools, Google)."""
+    from guirl.vmpool.apps import atspi_missing
     from guirl.vmpool.tasks.check import available_settings
 
     env = cfg.env
+    local = env.provider == "local"
     return available_settings(
-        devtools=env.provider != "local" and env.chromium_port > 0,
+        devtools=env.chromium_port > 0,  # a local desktop's, through its server's tunnel
         drive=bool(env.google_drive_settings),
         account=bool(env.google_account),
-        atspi=env.provider != "local",
+        atspi=not local or not atspi_missing(),
+        local=local,
     )
 
 

@@ -20,7 +20,8 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 fi
 
 # Debian packages: one "PACKAGE CHECK" per line in system-packages.txt; PACKAGE is needed when CHECK
-# (a command name, or "py:MODULE" for a module of $PYTHON) is missing.
+# (a command name, "py:MODULE" for a module of $PYTHON, "path:FILE", or "deb" for the package itself) is
+# missing.
 missing=()
 while read -r pkg check; do
     [[ -z "$pkg" || "$pkg" == \#* ]] && continue
@@ -28,6 +29,8 @@ while read -r pkg check; do
         "$PYTHON" -c "import ${check#py:}" >/dev/null 2>&1 || missing+=("$pkg")
     elif [[ "$check" == path:* ]]; then
         [[ -e "${check#path:}" ]] || missing+=("$pkg")
+    elif [[ "$check" == deb ]]; then
+        [[ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" == "install ok installed" ]] || missing+=("$pkg")
     else
         command -v "$check" >/dev/null 2>&1 || missing+=("$pkg")
     fi

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -64,7 +65,7 @@ from guirl.vmpool.provider import ProviderError
 from guirl.vmpool.tasks.evaluate import EvaluationError, evaluate
 from guirl.vmpool.tasks.model import TaskError, parse_task
 from guirl.vmpool.tasks.setup import SetupError, TaskContext, run_setup
-from guirl.vmpool.tasks.setup_chrome import devtools_url
+from guirl.vmpool.tunnel import devtools_endpoint
 
 log = logging.getLogger(__name__)
 
@@ -426,14 +427,16 @@ class EnvWorker(Actor):
         # request, the evaluator): an expired lease is taken back, reset and lent to another episode.
         keepalive = asyncio.create_task(self._keep_lease(lease), name=f"lease:{lease.lease_id}")
         try:
-            async with VMClient(lease.address, timeout_s=120) as client:
+            async with VMClient(lease.address, timeout_s=120) as client, contextlib.AsyncExitStack() as stack:
+                # a local desktop has no network: its DevTools port comes through its server's tunnel
+                devtools = await stack.enter_async_context(devtools_endpoint(client, self.env.chromium_port))
                 ctx = TaskContext(
                     task_id=ep.task_id,
                     cache_dir=episode.dir / "cache",
                     download_cache=self.run_dir / "downloads",
                     width=self.screen[0],
                     height=self.screen[1],
-                    devtools_url=devtools_url(lease.address, self.env.chromium_port),
+                    devtools_url=devtools,
                     chrome_profile_dir=self.env.chrome_profile_dir,
                     google_drive_settings=self.env.google_drive_settings or None,
                     google_account=self.env.google_account or None,

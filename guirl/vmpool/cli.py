@@ -132,6 +132,10 @@ async def _shot(args: argparse.Namespace, root: str) -> int:
     return 0
 
 
+CHROME_DEVTOOLS_PORT = 9222
+"""Where OSWorld's tasks expose Chrome's DevTools on the VM (env.chromium_port's default)."""
+
+
 async def _run(args: argparse.Namespace, root: str) -> int:
     from guirl.agent.actions import AnyAction
     from guirl.vmpool.client import VMClient
@@ -139,6 +143,7 @@ async def _run(args: argparse.Namespace, root: str) -> int:
     from guirl.vmpool.runner import load_solution, play
     from guirl.vmpool.tasks.model import load_task
     from guirl.vmpool.tasks.setup import TaskContext
+    from guirl.vmpool.tunnel import devtools_endpoint
 
     task = load_task(args.task)
     actions = load_solution(args.solution) if args.solution else []
@@ -151,13 +156,17 @@ async def _run(args: argparse.Namespace, root: str) -> int:
     provider = LocalProvider(root, width=args.width, height=args.height, osworld_server=args.osworld_server)
     vm = await provider.create("cli")
     try:
-        async with VMClient(provider.address(vm), timeout_s=120) as client:
+        async with (
+            VMClient(provider.address(vm), timeout_s=120) as client,
+            devtools_endpoint(client, CHROME_DEVTOOLS_PORT) as devtools,
+        ):
             ctx = TaskContext(
                 task_id=task.id,
                 cache_dir=Path(root) / "cache",
                 download_cache=Path(root) / "dl",
                 width=args.width,
                 height=args.height,
+                devtools_url=devtools,
             )
             ctx.cache_dir.mkdir(parents=True, exist_ok=True)
             episode = await play(

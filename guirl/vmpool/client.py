@@ -175,6 +175,12 @@ class VMClient:
         body = (await self._call("POST", "/list_directory", idempotent=True, json={"path": path}))[1]
         return json.loads(body)["directory_tree"]
 
+    async def accessibility_tree(self, timeout_s: float | None = None) -> str:
+        """The desktop's accessibility tree, OSWorld's XML (`GET /accessibility`). A desktop without
+        AT-SPI answers 501: a VMFatalError."""
+        body = (await self._call("GET", "/accessibility", idempotent=True, timeout_s=timeout_s))[1]
+        return json.loads(body)["AT"]
+
     # -- guirl's additions -----------------------------------------------------------------------------
 
     async def health(self, timeout_s: float = 5.0) -> bool:

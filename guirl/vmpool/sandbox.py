@@ -45,8 +45,13 @@ ETC = (
     "python3",
     "python3.11",
     "openbox",
-    "xdg",
     "machine-id",
+    "dbus-1",
+    "chromium",
+    "chromium.d",
+    "gimp",
+    "thunderbird",
+    "vlc",
 )
 """Entries of the host's /etc a desktop session needs; nothing secret (no shadow, no keys)."""
 

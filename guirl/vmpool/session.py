@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -92,6 +93,94 @@ def wait_for_window_manager(display: str, timeout: float = 30.0) -> bool:
         conn.close()
 
 
+A11Y_ENV = {
+    "GNOME_ACCESSIBILITY": "1",  # Gecko (Thunderbird, Firefox)
+    "QT_LINUX_ACCESSIBILITY_ALWAYS_ON": "1",  # Qt 5 (VLC)
+    "ACCESSIBILITY_ENABLED": "1",  # Chromium
+    "GTK_MODULES": "gail:atk-bridge",  # GTK 2 (GIMP): GNOME sets the same
+}
+"""What makes each toolkit expose its widgets over AT-SPI without a GNOME session telling it to (GTK does
+so whenever a session bus runs)."""
+LIBREOFFICE_GTK3 = Path("/usr/lib/libreoffice/program/libvclplug_gtk3lo.so")
+"""LibreOffice's GTK 3 front end (Debian's libreoffice-gtk3): its only one that speaks AT-SPI."""
+
+
+CHROMIUM_FLAGS = (
+    "--no-sandbox",  # the desktop's own sandbox confines it; Chromium's cannot nest inside it
+    "--test-type",  # no warning bar about --no-sandbox
+    "--no-first-run",
+    "--no-default-browser-check",
+    "--password-store=basic",
+    "--disable-dev-shm-usage",
+)
+
+
+def command_shims(directory: Path) -> dict[str, str]:
+    """Commands OSWorld's tasks run that this desktop has under another name, written into `directory` (to
+    go first on the PATH): `google-chrome` is Debian's Chromium, with the flags a sandboxed desktop needs.
+    Returns {command: what it runs}."""
+    made = {}
+    chromium = shutil.which("chromium")
+    if chromium and not shutil.which("google-chrome"):
+        directory.mkdir(parents=True, exist_ok=True)
+        shim = directory / "google-chrome"
+        shim.write_text(f'#!/bin/sh\nexec {chromium} {" ".join(CHROMIUM_FLAGS)} "$@"\n')
+        shim.chmod(0o755)
+        made["google-chrome"] = chromium
+    return made
+
+
+def start_session_bus(env: dict[str, str], timeout: float = 10.0) -> tuple[subprocess.Popen, str] | None:
+    """A D-Bus session bus for the desktop (AT-SPI's registry is found through it, and the services it
+    starts on demand, such as GNOME Terminal's server, get `env`: the display); returns (process,
+    address), or None where dbus-daemon is not installed."""
+    if shutil.which("dbus-daemon") is None:
+        return None
+    read_fd, write_fd = os.pipe()
+    proc = subprocess.Popen(
+        ["dbus-daemon", "--session", "--nofork", "--nopidfile", f"--print-address={write_fd}"],
+        pass_fds=(write_fd,),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=sys.stderr,
+    )
+    os.close(write_fd)
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.endswith(b"\n"):
+        ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(read_fd, 512) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    os.close(read_fd)
+    address = data.decode().strip()
+    if not address:
+        proc.kill()
+        print("guirl session: no D-Bus session bus (dbus-daemon said nothing)", file=sys.stderr, flush=True)
+        return None
+    return proc, address
+
+
+def enable_accessibility(env: dict[str, str]) -> None:
+    """Tell the toolkits that ask (through the accessibility bus's `IsEnabled`) that a screen reader
+    listens, as GNOME does when its accessibility setting is on (OSWorld's image has it on)."""
+    if shutil.which("dbus-send") is None:
+        return
+    subprocess.run(
+        [
+            *("dbus-send", "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus"),
+            *("org.freedesktop.DBus.Properties.Set", "string:org.a11y.Status", "string:IsEnabled"),
+            "variant:boolean:true",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=30,
+        check=False,
+    )
+
+
 async def serve(args: argparse.Namespace, ready_out: int) -> int:
     from aiohttp import web
 
@@ -102,9 +191,25 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     xauth = Path(home) / ".Xauthority"
     xauth.touch(exist_ok=True)  # pyautogui insists on the file, even empty
     xvfb, display = start_x(args.width, args.height)
-    env = dict(os.environ, DISPLAY=display, XAUTHORITY=str(xauth), XDG_SESSION_TYPE="x11")
-    os.environ.update(DISPLAY=display, XAUTHORITY=str(xauth), XDG_SESSION_TYPE="x11")
+    desktop_env = {"DISPLAY": display, "XAUTHORITY": str(xauth), "XDG_SESSION_TYPE": "x11"}
+    shims = Path(tempfile.mkdtemp(prefix="guirl-bin-"))
+    if command_shims(shims):
+        desktop_env["PATH"] = f"{shims}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
     children = [xvfb]
+    if not args.osworld_server:  # OSWorld's server gets a bus of its own, below
+        desktop_env.update(A11Y_ENV)
+        if LIBREOFFICE_GTK3.exists():
+            desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
+        bus = start_session_bus(dict(os.environ, **desktop_env))
+        if bus is not None:
+            children.append(bus[0])
+            desktop_env["DBUS_SESSION_BUS_ADDRESS"] = bus[1]
+    env = dict(os.environ, **desktop_env)
+    os.environ.update(desktop_env)
+    if (
+        "DBUS_SESSION_BUS_ADDRESS" in desktop_env
+    ):  # in the background: the accessibility bus starts on demand, GTK asks for it itself
+        asyncio.get_running_loop().run_in_executor(None, enable_accessibility, env)
     if args.wm:
         children.append(
             subprocess.Popen([args.wm], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -1,7 +1,7 @@
 """Parity of guirl's settings metrics (VS Code, Thunderbird, VLC) with OSWorld's (desktop-env 1.0.2
 `metrics/vscode.py`, `thunderbird.py`, `vlc.py`), and this family's getters (vlc_config,
 vlc_playing_info, default_video_player, vscode_config, vm_window_size, accessibility_tree) run on a
-real local desktop (guirl's VM: Xvfb, icewm, guirl's VM server).
+real local desktop (guirl's VM: Xvfb, icewm, guirl's VM server; the accessibility tree through AT-SPI).
 
 Inputs are the applications' own formats: VS Code's settings.json and keybindings.json, Thunderbird's
 prefs.js, msgFilterRules.dat and mbox folders, VLC 3.0.24's vlcrc (its lines as `vlc --reset-config`
@@ -36,6 +36,7 @@ from tests.osworld_reference import both, reference, write
 VSCODE = reference("metrics.vscode")
 THUNDERBIRD = reference("metrics.thunderbird")
 VLC = reference("metrics.vlc", absent=["acoustid"])  # imported by its audio comparison only
+GENERAL = reference("metrics.general")
 
 
 # -- VS Code -------------------------------------------------------------------------------------------
@@ -1010,7 +1011,21 @@ def test_window_size_and_accessibility_getters(desktop: Desktop) -> None:
     assert window == {"width": 300, "height": 200}
     both("is_vlc_fullscreen", VLC, 0.0, screen, window)
     both("is_vlc_fullscreen", VLC, 1.0, screen, {"width": screen["width"], "height": screen["height"]})
-    # no AT-SPI on this desktop: the tree cannot be had, and the task cannot be scored here (not a 0)
-    with pytest.raises(VMTransientError) as failed:
-        desktop.get({"type": "accessibility_tree"})
-    assert failed.value.status == 501
+    # the accessibility tree, read through AT-SPI with Mousepad open on a known file: its text area holds the
+    # file's text and its menu bar a File menu; OSWorld's metric and guirl's read them alike
+    (desktop.home / "notes.txt").write_text("remember the milk")
+    desktop.run(desktop.client.launch(["mousepad", "/home/user/notes.txt"]))
+    text_area = 'application[name="mousepad"] frame[name*="notes.txt"] text[st|editable="true"]'
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        tree = desktop.get({"type": "accessibility_tree"})
+        if "remember the milk" in tree:
+            break
+    assert tree.startswith("<desktop-frame ")
+    found = [{"selectors": [text_area], "text": "remember the milk", "exact": True}]
+    both("check_accessibility_tree", GENERAL, 1.0, tree, found)
+    menu = {"selectors": ['menu-bar > menu[name="File"][cp|screencoord]']}  # on screen: its place given
+    both("check_accessibility_tree", GENERAL, 1.0, tree, [menu])
+    absent = [{"selectors": [text_area], "text": "forget the milk", "exact": True}]
+    both("check_accessibility_tree", GENERAL, 0.0, tree, absent)
+    both("check_accessibility_tree", GENERAL, 0.0, tree, [{"selectors": ['application[name="gedit"]']}])

@@ -80,10 +80,12 @@ def test_osworld_route_shapes(tmp_path):
             }
             desktop = json.loads((await _raw(client, "POST", "/desktop_path"))[2])
             assert desktop == {"desktop_path": "/home/user/Desktop"}
-            # what a local desktop cannot offer says so clearly
-            for path in ("/accessibility", "/terminal"):
-                status, _, body = await _raw(client, "GET", path)
-                assert status == 501 and "unsupported" in json.loads(body)["message"]
+            # the accessibility tree (AT-SPI; no accessible application open yet) and GNOME Terminal's text
+            # (none open: OSWorld's answer, 200 with no output)
+            status, _, body = await _raw(client, "GET", "/accessibility")
+            assert status == 200 and json.loads(body)["AT"].startswith("<desktop-frame ")
+            status, _, body = await _raw(client, "GET", "/terminal")
+            assert status == 200 and json.loads(body) == {"output": None, "status": "success"}
             # malformed requests are refused, and the server keeps serving
             status, _, _ = await _raw(
                 client, "POST", "/execute", data=b"{oops", headers={"Content-Type": "application/json"}

@@ -28,6 +28,8 @@ ROUTES = [
     ("POST", "/action"),
     ("POST", "/setup/change_wallpaper"),
     ("GET", "/screenshot"),
+    ("GET", "/tunnel/9222"),
+    ("GET", "/tunnel/x"),
     ("GET", "/cursor_position"),
     ("GET", "/terminal"),
     ("GET", "/accessibility"),

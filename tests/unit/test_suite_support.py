@@ -66,18 +66,31 @@ def test_tasks_needing_a_setting_the_run_lacks_name_the_setting() -> None:
     assert [t.task_id for t in runnable] == ["plain"]
     reasons = {s.task_id: s.missing for s in skipped}
     assert reasons["tabs"] == [
-        "setup:chrome_open_tabs (needs env.chromium_port: Chrome's DevTools on the VM, which a cloud VM "
-        "serves and a local desktop cannot)"
+        "setup:chrome_open_tabs (needs env.chromium_port: the port of Chrome's DevTools on the VM (0 turns "
+        "them off))"
     ]
     assert reasons["drive"] == ["setup:googledrive (needs env.google_drive_settings: PyDrive's settings.yml)"]
-    local = available_settings(devtools=False, drive=True, account=True, atspi=False)
-    _, skipped = check_supported(_tasks(PLAIN, A11Y), skip_unsupported=True, available=local)
-    assert [s.missing for s in skipped] == [
-        [
-            "getter:accessibility_tree (needs the desktop's accessibility tree (AT-SPI): OSWorld's image "
-            "has one, guirl's local desktops do not)"
-        ]
-    ]
+    # local desktops: no network (a page from the internet, Google Drive), an accessibility tree only with
+    # Debian's AT-SPI packages
+    local = available_settings(devtools=True, drive=True, account=True, atspi=False, local=True)
+    _, skipped = check_supported(_tasks(PLAIN, A11Y, CHROME, DRIVE), skip_unsupported=True, available=local)
+    assert {s.task_id: s.missing for s in skipped} == {
+        "a11y": [
+            "getter:accessibility_tree (needs the desktop's accessibility tree (AT-SPI): on a local desktop, "
+            "Debian's dbus-daemon, at-spi2-core, python3-pyatspi)"
+        ],
+        "tabs": [
+            "network (needs the VM's network (the task's browser or commands fetch from the internet): local "
+            "desktops have none)"
+        ],
+        "drive": [
+            "setup:googledrive (needs the VM's network (the task's browser or commands fetch from the "
+            "internet): local desktops have none)"
+        ],
+    }
+    with_tree = available_settings(devtools=True, drive=True, account=True, atspi=True, local=True)
+    runnable, _ = check_supported(_tasks(PLAIN, A11Y, CHROME), skip_unsupported=True, available=with_tree)
+    assert [t.task_id for t in runnable] == ["plain", "a11y"]
     every = available_settings(devtools=True, drive=True, account=True)
     runnable, skipped = check_supported(tasks, skip_unsupported=False, available=every)
     assert len(runnable) == 3 and skipped == []

@@ -45,6 +45,14 @@ def test_guirl_supports_every_task_of_osworlds_linux_suite():
         assert missing == {}
         assert sum(r.total for r in report.domains.values()) == total
         assert sum(r.supported for r in report.domains.values()) == total
+    # on a local desktop (this machine has every application of guirl's list): all but the tasks that
+    # need the internet in the VM, VS Code, GNOME Files or GNOME's wallpaper setting
+    report = check([OSWORLD_DIR / "test_all.json"])
+    local = {d: r.local for d, r in report.domains.items()}
+    assert local["libreoffice_calc"] == 47 and local["gimp"] == 26 and local["vs_code"] == 0
+    assert sum(local.values()) == 268, local
+    reasons = {k for r in report.domains.values() for k in r.local_missing}
+    assert reasons == {"network", "app:vs_code", "app:files", "GNOME wallpaper"}
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,11 @@
 """The rest of OSWorld's VM routes: windows (wmctrl, as OSWorld's Linux server does), opening files,
-running Python and bash scripts, the desktop path, and clear "unsupported" answers where this desktop
-has no equivalent (AT-SPI for `/accessibility` and `/terminal`, GNOME's wallpaper, screen recording
-without ffmpeg). Request and response shapes are OSWorld's, including its field names."""
+running Python and bash scripts, the desktop path, the accessibility tree and GNOME Terminal's text
+(AT-SPI, read by a helper under the system's Python), and clear "unsupported" answers where this desktop
+has no equivalent (GNOME's wallpaper, screen recording). Request and response shapes are OSWorld's,
+including its field names.
+
+guirl adds `GET /tunnel/{port}`: a WebSocket carrying the bytes of one TCP connection to that port on the
+VM's loopback, so the host reaches a port inside a desktop that has no network (Chrome's DevTools)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from guirl.vmpool.server.atspi import Atspi, AtspiError, AtspiUnavailable
 from guirl.vmpool.server.http import bad_request, request_fields
 
 OPEN_FILE_TIMEOUT_S = 120.0
@@ -39,6 +44,7 @@ class ExtraRoutes:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.wallpaper: str | None = None  # the file last set by /setup/change_wallpaper
+        self.atspi = Atspi(server.env)
 
     def add(self, app: web.Application) -> None:
         r = app.router
@@ -55,6 +61,8 @@ class ExtraRoutes:
         r.add_post("/wallpaper", self.get_wallpaper)
         r.add_post("/start_recording", self.recording)
         r.add_post("/end_recording", self.recording)
+        r.add_get("/tunnel/{port}", self.tunnel)
+        app.on_cleanup.append(lambda _app: self.atspi.close())
 
     async def _run(self, argv: list[str], timeout: float = 30.0, **kw: Any) -> subprocess.CompletedProcess:
         if any("\0" in a for a in argv):  # a NUL cannot be in an argument: the request is malformed
@@ -221,13 +229,76 @@ class ExtraRoutes:
     async def desktop_path(self, _request: web.Request) -> web.Response:
         return web.json_response({"desktop_path": str(Path(self.server.home) / "Desktop")})
 
-    # -- what this desktop does not have ---------------------------------------------------------------
+    # -- accessibility ---------------------------------------------------------------------------------
 
     async def terminal(self, _request: web.Request) -> web.Response:
-        return _unsupported("terminal output needs AT-SPI (a GNOME desktop); none runs here")
+        """GNOME Terminal's focused terminal in its active window (OSWorld: `{"output", "status"}`, the
+        output null when there is none)."""
+        try:
+            answer = await self.atspi.call("terminal")
+        except AtspiUnavailable as exc:
+            return _unsupported(f"terminal output needs AT-SPI: {exc}")
+        except AtspiError as exc:
+            return web.json_response({"status": "error", "message": str(exc)}, status=500)
+        return web.json_response({"output": answer["output"], "status": "success"})
 
     async def accessibility(self, _request: web.Request) -> web.Response:
-        return _unsupported("the accessibility tree needs AT-SPI (a GNOME desktop); none runs here")
+        """The whole desktop's accessibility tree, OSWorld's `{"AT": xml}`."""
+        try:
+            answer = await self.atspi.call("tree")
+        except AtspiUnavailable as exc:
+            return _unsupported(f"the accessibility tree needs AT-SPI: {exc}")
+        except AtspiError as exc:
+            return web.json_response({"status": "error", "message": str(exc)}, status=500)
+        return web.json_response({"AT": answer["xml"]})
+
+    # -- a port inside the VM ----------------------------------------------------------------------------
+
+    async def tunnel(self, request: web.Request) -> web.StreamResponse:
+        """One TCP connection to `127.0.0.1:{port}` in the VM, its bytes carried as binary WebSocket
+        messages both ways; it ends when either side closes."""
+        try:
+            port = int(request.match_info["port"])
+        except ValueError:
+            raise bad_request("the port must be a number") from None
+        if not 0 < port < 65536:
+            raise bad_request(f"no such port: {port}")
+        ws = web.WebSocketResponse(max_msg_size=0)
+        if not ws.can_prepare(request).ok:
+            raise bad_request("a tunnel is a WebSocket: the request must ask to upgrade")
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError as exc:
+            return web.json_response(
+                {"status": "error", "message": f"nothing answers on port {port} in the VM: {exc}"}, status=502
+            )
+        await ws.prepare(request)
+
+        async def upstream() -> None:
+            async for msg in ws:
+                if msg.type != web.WSMsgType.BINARY:
+                    break
+                writer.write(msg.data)
+                await writer.drain()
+            writer.close()
+
+        async def downstream() -> None:
+            while chunk := await reader.read(1 << 16):
+                await ws.send_bytes(chunk)
+            await ws.close()
+
+        tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            writer.close()
+            await ws.close()
+        return ws
+
+    # -- what this desktop does not have ---------------------------------------------------------------
 
     async def change_wallpaper(self, request: web.Request) -> web.Response:
         raw = (await request_fields(request)).get("path")

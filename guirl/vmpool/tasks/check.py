@@ -26,6 +26,10 @@ class DomainReport:
     total: int = 0
     supported: int = 0
     missing: Counter = field(default_factory=Counter)
+    local: int = 0
+    """Tasks a local desktop here can run (supported, and nothing missing on the desktop)."""
+    local_missing: Counter = field(default_factory=Counter)
+    """What the others need that a local desktop here lacks (apps, the network, GNOME)."""
 
 
 @dataclass
@@ -152,42 +156,77 @@ def missing_parts(task: Task) -> list[str]:
     return sorted(set(out))
 
 
-DEVTOOLS = (
-    "env.chromium_port: Chrome's DevTools on the VM, which a cloud VM serves and a local desktop cannot"
-)
+DEVTOOLS = "env.chromium_port: the port of Chrome's DevTools on the VM (0 turns them off)"
 DRIVE = "env.google_drive_settings: PyDrive's settings.yml"
 ACCOUNT = "env.google_account: the Google account's JSON file"
-ATSPI = "the desktop's accessibility tree (AT-SPI): OSWorld's image has one, guirl's local desktops do not"
+ATSPI = "the desktop's accessibility tree (AT-SPI): on a local desktop, Debian's {packages}"
 WALLPAPER = "GNOME's wallpaper setting, which OSWorld's image has and guirl's local desktops (IceWM) do not"
+NETWORK = (
+    "the VM's network (the task's browser or commands fetch from the internet): local desktops have none"
+)
 NEEDS_SETTINGS: dict[str, tuple[str, ...]] = {
     "getter:accessibility_tree": (ATSPI,),
     "getter:vm_terminal_output": (ATSPI,),
     "getter:vm_wallpaper": (WALLPAPER,),
     "setup:chrome_open_tabs": (DEVTOOLS,),
     "setup:chrome_close_tabs": (DEVTOOLS,),
-    "setup:login": (DEVTOOLS, ACCOUNT),
-    "setup:googledrive": (DRIVE,),
-    "getter:googledrive_file": (DRIVE,),
+    "setup:login": (DEVTOOLS, ACCOUNT, NETWORK),
+    "setup:googledrive": (DRIVE, NETWORK),
+    "getter:googledrive_file": (DRIVE, NETWORK),
     # the page getters open the page in the VM's Chrome; the active tab's URL is read from the VM's
-    # accessibility tree where it has one, else from DevTools (guirl's desktops have no AT-SPI)
+    # accessibility tree where it has one, else from DevTools
     **{
         f"getter:{name}": (DEVTOOLS,)
         for name in (
             "open_tabs_info",
             "active_tab_info",
-            "page_info",
-            "pdf_from_url",
             "active_tab_html_parse",
-            "info_from_website",
-            "gotoRecreationPage_and_get_html_content",
             "active_url_from_accessTree",
             "active_tab_url_parse",
             "url_dashPart",
             "url_path_parse",
         )
     },
+    **{
+        f"getter:{name}": (DEVTOOLS, NETWORK)
+        for name in (
+            "page_info",
+            "pdf_from_url",
+            "info_from_website",
+            "gotoRecreationPage_and_get_html_content",
+        )
+    },
 }
 """What a setup step or getter needs besides code: what only the user's settings or the VM can provide."""
+
+_NETWORK_COMMANDS = (
+    "pip install",
+    "pip3 install",
+    "wget ",
+    "curl ",
+    "apt ",
+    "apt-get ",
+    "git clone",
+    "snap ",
+)
+
+
+def _needs_network(task: Task) -> bool:
+    """Whether the VM itself fetches from the internet: web pages its browser opens at set-up, or commands
+    that download (`download` steps and cloud files are fetched by the host, and need no network in the
+    VM)."""
+    for step in [*task.config, *task.evaluator.postconfig]:
+        p = step.parameters
+        if step.type == "chrome_open_tabs":
+            urls = p.get("urls_to_open") or []
+            if any(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+                return True
+        elif step.type in ("execute", "command", "launch"):
+            cmd = p.get("command")
+            text = " ".join(c for c in cmd if isinstance(c, str)) if isinstance(cmd, list) else str(cmd or "")
+            if any(n in text for n in _NETWORK_COMMANDS):
+                return True
+    return False
 
 
 def unavailable_parts(task: Task, available: set[str]) -> list[str]:
@@ -198,15 +237,85 @@ def unavailable_parts(task: Task, available: set[str]) -> list[str]:
     for part in sorted(used):
         lacking = [need for need in NEEDS_SETTINGS.get(part, ()) if need not in available]
         if lacking:
-            out.append(f"{part} (needs {'; '.join(lacking)})")
+            out.append(f"{part} (needs {'; '.join(_said(n) for n in lacking)})")
+    if NETWORK not in available and _needs_network(task) and not any(NETWORK in p for p in out):
+        out.append(f"network (needs {NETWORK})")
     return out
 
 
-def available_settings(*, devtools: bool, drive: bool, account: bool, atspi: bool = True) -> set[str]:
-    """The `NEEDS_SETTINGS` a run's configuration provides."""
-    # AT-SPI and GNOME's settings come with OSWorld's desktop image, which every cloud VM boots
-    given = ((DEVTOOLS, devtools), (DRIVE, drive), (ACCOUNT, account), (ATSPI, atspi), (WALLPAPER, atspi))
+def _said(need: str) -> str:
+    if need == ATSPI:
+        from guirl.vmpool.apps import ATSPI_PARTS
+
+        return ATSPI.format(packages=", ".join(pkg for _, pkg in ATSPI_PARTS))
+    return need
+
+
+def available_settings(
+    *,
+    devtools: bool,
+    drive: bool,
+    account: bool,
+    atspi: bool = True,
+    local: bool = False,
+) -> set[str]:
+    """The `NEEDS_SETTINGS` a run's configuration provides. `local`: the VMs are local desktops (no
+    network, no GNOME; an accessibility tree where `atspi`)."""
+    given = (
+        (DEVTOOLS, devtools),
+        (DRIVE, drive),
+        (ACCOUNT, account),
+        (ATSPI, atspi),
+        # GNOME's settings and the internet come with OSWorld's desktop image, which every cloud VM boots
+        (WALLPAPER, not local),
+        (NETWORK, not local),
+    )
     return {need for need, ok in given if ok}
+
+
+def local_settings() -> set[str]:
+    """What a local desktop here provides, with the user's Google settings taken as given (they are the
+    user's, not the desktop's)."""
+    from guirl.vmpool.apps import atspi_missing
+
+    return available_settings(devtools=True, drive=True, account=True, atspi=not atspi_missing(), local=True)
+
+
+SHORT = {NETWORK: "network", WALLPAPER: "GNOME wallpaper", ATSPI: "AT-SPI", DEVTOOLS: "DevTools"}
+"""The names `local_missing` gives the needs of `NEEDS_SETTINGS` (explained by `local_legend`)."""
+
+
+def local_missing(task: Task) -> list[str]:
+    """What `task` needs that a local desktop here does not have, by short names (`app:vs_code`,
+    `network`, `GNOME wallpaper`): its applications, the network, GNOME's settings, AT-SPI."""
+    from guirl.vmpool.apps import needed_apps
+
+    out = {f"app:{a.name}" for a in needed_apps(task) if not a.installed()}
+    available = local_settings()
+    used = {f"setup:{s.type}" for s in [*task.config, *task.evaluator.postconfig]}
+    used |= {f"getter:{g}" for g in getters_of(task)}
+    out |= {
+        SHORT[n] for part in used for n in NEEDS_SETTINGS.get(part, ()) if n not in available and n in SHORT
+    }
+    if NETWORK not in available and _needs_network(task):
+        out.add(SHORT[NETWORK])
+    return sorted(out)
+
+
+def local_legend(names: set[str]) -> list[str]:
+    """What each of `local_missing`'s names means, and how to get it where one can."""
+    from guirl.vmpool.apps import APPS
+
+    apps = {f"app:{a.name}": a for a in APPS}
+    needs = {v: k for k, v in SHORT.items()}
+    out = []
+    for name in sorted(names):
+        if name in apps:
+            app = apps[name]
+            out.append(f"{name}: {app.why_not or f'not installed here (apt-get install {app.package})'}")
+        elif name in needs:
+            out.append(f"{name}: {_said(needs[name])}")
+    return out
 
 
 def check(paths: list[Path]) -> CheckReport:
@@ -226,18 +335,34 @@ def check(paths: list[Path]) -> CheckReport:
             missing = missing_parts(task)
             d.supported += not missing
             d.missing.update(missing)
+            lacking = local_missing(task)
+            d.local += not missing and not lacking
+            d.local_missing.update(lacking)
     return report
 
 
+def _top(counter: Counter, n: int = 6) -> str:
+    text = ", ".join(f"{k} ({v})" for k, v in counter.most_common(n))
+    return text + (f", +{len(counter) - n} more" if len(counter) > n else "")
+
+
 def render(report: CheckReport) -> str:
-    lines = [f"{'domain':<22} {'tasks':>6} {'supported':>10}  missing (tasks)"]
-    total = supported = 0
+    """The table: per domain, its tasks, how many guirl supports (and what the others need), and how many
+    a local desktop here can run; then, per domain, what a local desktop lacks for the others."""
+    lines = [f"{'domain':<22} {'tasks':>6} {'supported':>10} {'local':>6}  missing (tasks)"]
+    total = supported = local = 0
     for name in sorted(report.domains):
         d = report.domains[name]
-        total, supported = total + d.total, supported + d.supported
-        miss = ", ".join(f"{k} ({v})" for k, v in d.missing.most_common(6))
-        more = f", +{len(d.missing) - 6} more" if len(d.missing) > 6 else ""
-        lines.append(f"{name:<22} {d.total:>6} {d.supported:>10}  {miss}{more}")
-    lines.append(f"{'all':<22} {total:>6} {supported:>10}")
+        total, supported, local = total + d.total, supported + d.supported, local + d.local
+        lines.append(f"{name:<22} {d.total:>6} {d.supported:>10} {d.local:>6}  {_top(d.missing)}")
+    lines.append(f"{'all':<22} {total:>6} {supported:>10} {local:>6}")
+    lacking = {n: d for n, d in sorted(report.domains.items()) if d.local_missing}
+    if lacking:
+        lines.append("")
+        lines.append("what a local desktop here lacks for the others (tasks):")
+        lines += [f"  {name:<20} {_top(d.local_missing, 6)}" for name, d in lacking.items()]
+        lines += [
+            f"  - {line}" for line in local_legend({k for d in lacking.values() for k in d.local_missing})
+        ]
     lines += [f"error: {e}" for e in report.errors]
     return "\n".join(lines)

@@ -18,8 +18,7 @@ async def accessibility_tree(config: dict[str, Any], client: VMClient, ctx: Task
     cannot be scored there (an EvaluationError), rather than scoring the policy 0 for the desktop's
     limitation. OSWorld's getter would give None, on which its metrics raise.
     """
-    body = (await client._call("GET", "/accessibility", idempotent=True))[1]
-    return json.loads(body)["AT"]
+    return await client.accessibility_tree()
 
 
 async def vm_window_size(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
