@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from guirl.vmpool.client import VMClient, VMTransientError
+from guirl.vmpool.client import VMClient
 from guirl.vmpool.local import LocalProvider
 from guirl.vmpool.tasks.getters import apps_vlc_vscode, get
 from guirl.vmpool.tasks.metrics import METRICS, settings
