@@ -196,10 +196,10 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     if command_shims(shims):
         desktop_env["PATH"] = f"{shims}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
     children = [xvfb]
+    desktop_env.update(A11Y_ENV)
+    if LIBREOFFICE_GTK3.exists():
+        desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
     if not args.osworld_server:  # OSWorld's server gets a bus of its own, below
-        desktop_env.update(A11Y_ENV)
-        if LIBREOFFICE_GTK3.exists():
-            desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
         bus = start_session_bus(dict(os.environ, **desktop_env))
         if bus is not None:
             children.append(bus[0])

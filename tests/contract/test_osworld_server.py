@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def test_guirls_server_answers_as_osworlds_where_a_client_can_tell(tmp_path):
                         await client.list_directory("~")
                     assert refused.value.status == 400
                     assert await get({"type": "list_directory", "path": "~"}, client, ctx) is None
-                    # no terminal to read (OSWorld: 200 with no output; guirl without AT-SPI: 501)
+                    # no terminal to read: 200 with no output
                     assert await get({"type": "vm_terminal_output"}, client, ctx) is None
                     missing = {"type": "vm_command_line", "command": ["no-such-program-anywhere"]}
                     assert await get(missing, client, ctx) is None
@@ -206,3 +207,75 @@ def test_guirls_server_answers_as_osworlds_where_a_client_can_tell(tmp_path):
             await guirl_provider.delete(guirl_vm)
 
     run(main(), timeout=180)
+
+
+def _shape(xml: str) -> list[tuple]:
+    """Each element of an accessibility tree in document order: its depth, tag, and attributes, without the
+    values that depend on where a window landed or which widget has the focus."""
+    import lxml.etree
+
+    root = lxml.etree.fromstring(xml.encode())
+    focus = {f"{{{root.nsmap['st']}}}{s}" for s in ("focused", "active", "selected", "armed", "checked")}
+    out = []
+
+    def walk(node, depth):
+        attrs = {k: v for k, v in node.attrib.items() if k not in focus}
+        out.append((depth, node.tag, tuple(sorted(attrs)), node.get("name"), (node.text or "").strip()))
+        for child in node:
+            walk(child, depth + 1)
+
+    walk(root, 0)
+    return out
+
+
+def test_the_accessibility_tree_and_terminal_text_are_osworlds(tmp_path):
+    """The same application open on a desktop served by OSWorld's own server and on one served by guirl's:
+    `/accessibility` gives the same tree (the same elements, tags, names, text and attributes, namespaces
+    declared alike) and `/terminal` the same text."""
+    import lxml.etree
+
+    async def settle(client: VMClient, want: str) -> str:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the application is still starting
+            tree = await client.accessibility_tree()
+            if want in tree:
+                return tree
+        raise AssertionError(f"{want!r} never showed in the tree: {tree[:2000]}")
+
+    async def main():
+        guirl_provider = LocalProvider(tmp_path / "guirl-vms", width=WIDTH, height=HEIGHT)
+        guirl_vm = await guirl_provider.create("guirl")
+        try:
+            async with (
+                osworld_desktop(tmp_path) as (provider, vm),
+                VMClient(provider.address(vm), timeout_s=60) as osworld,
+                VMClient(guirl_provider.address(guirl_vm), timeout_s=60) as guirl,
+            ):
+                trees = {}
+                for name, client in (("osworld", osworld), ("guirl", guirl)):
+                    await client.upload("/home/user/notes.txt", b"remember the milk")
+                    await client.launch(["mousepad", "/home/user/notes.txt"])
+                    trees[name] = await settle(client, ">remember the milk</text>")
+                ours, theirs = lxml.etree.fromstring(trees["guirl"]), lxml.etree.fromstring(trees["osworld"])
+                assert ours.tag == theirs.tag == "desktop-frame" and ours.nsmap == theirs.nsmap
+                assert dict(ours.attrib) == dict(theirs.attrib) == {}
+                assert _shape(trees["guirl"]) == _shape(trees["osworld"])
+                outputs = {}
+                for name, client in (("osworld", osworld), ("guirl", guirl)):
+                    await client.launch(["gnome-terminal"])
+                    await client.execute(
+                        ["xdotool", "search", "--sync", "--onlyvisible", "--class", "gnome-terminal"],
+                        timeout_s=60,
+                    )
+                    await client.execute(["xdotool", "type", "--delay", "20", "echo $((6 * 7))-done\n"])
+                    ctx = _ctx(tmp_path, f"terminal-{name}")
+                    deadline = time.monotonic() + 60
+                    while time.monotonic() < deadline:
+                        outputs[name] = await get({"type": "vm_terminal_output"}, client, ctx)
+                        if outputs[name] and outputs[name].endswith("$") and "42-done" in outputs[name]:
+                            break
+                assert outputs["guirl"] == outputs["osworld"] and "\n42-done\n" in outputs["guirl"]
+        finally:
+            await guirl_provider.delete(guirl_vm)
+
+    run(main(), timeout=300)
