@@ -39,7 +39,7 @@ from guirl.vmpool.sandbox import (
 log = logging.getLogger(__name__)
 
 SOCKET = "api.sock"
-TEMPLATE_VERSION = "2"
+TEMPLATE_VERSION = "3"
 """Bumped whenever the default home template changes, so an old one is not reused."""
 
 LIBREOFFICE_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
@@ -59,6 +59,17 @@ LIBREOFFICE_PROFILE = """<?xml version="1.0" encoding="UTF-8"?>
 <value>false</value></prop></item>
 </oor:items>
 """
+VLC_PROFILE = """[qt] # Qt interface
+qt-privacy-ask=0
+
+[core] # core program
+extraintf=http
+
+[lua] # Lua interpreter
+http-password=password
+"""
+"""VLC's settings as OSWorld's image has them: no privacy question at the first start, and the web interface
+on (port 8080, password "password"), which OSWorld's `vlc_playing_info` getter reads."""
 _NOT_SERVER = shutil.ignore_patterns("__pycache__", "screenshots", "*.md")
 UNIX_PATH_MAX = 100  # AF_UNIX paths are limited to 108 bytes; keep a margin
 
@@ -164,6 +175,8 @@ class LocalProvider:
             lo_user = tmp / ".config" / "libreoffice" / "4" / "user"
             lo_user.mkdir(parents=True)
             (lo_user / "registrymodifications.xcu").write_text(LIBREOFFICE_PROFILE)
+            (tmp / ".config" / "vlc").mkdir()
+            (tmp / ".config" / "vlc" / "vlcrc").write_text(VLC_PROFILE)
             os.replace(tmp, tpl)
         return tpl
 

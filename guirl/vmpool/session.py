@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -124,7 +125,9 @@ def command_shims(directory: Path) -> dict[str, str]:
     if chromium and not shutil.which("google-chrome"):
         directory.mkdir(parents=True, exist_ok=True)
         shim = directory / "google-chrome"
-        shim.write_text(f'#!/bin/sh\nexec {chromium} {" ".join(CHROMIUM_FLAGS)} "$@"\n')
+        # OSWorld's getters read Chrome's profile where Google Chrome keeps it
+        profile = '--user-data-dir="$HOME/.config/google-chrome"'
+        shim.write_text(f'#!/bin/sh\nexec {chromium} {" ".join(CHROMIUM_FLAGS)} {profile} "$@"\n')
         shim.chmod(0o755)
         made["google-chrome"] = chromium
     return made
@@ -163,22 +166,34 @@ def start_session_bus(env: dict[str, str], timeout: float = 10.0) -> tuple[subpr
 
 
 def enable_accessibility(env: dict[str, str]) -> None:
-    """Tell the toolkits that ask (through the accessibility bus's `IsEnabled`) that a screen reader
-    listens, as GNOME does when its accessibility setting is on (OSWorld's image has it on)."""
+    """Start the accessibility bus and its registry, and tell the toolkits that ask (through the bus's
+    `IsEnabled`) that a screen reader listens, as GNOME does when its accessibility setting is on
+    (OSWorld's image has it on). Done before the desktop is ready: Qt (VLC) registers its widgets only
+    with a registry that already runs when it starts."""
     if shutil.which("dbus-send") is None:
         return
-    subprocess.run(
-        [
-            *("dbus-send", "--session", "--print-reply", "--dest=org.a11y.Bus", "/org/a11y/bus"),
-            *("org.freedesktop.DBus.Properties.Set", "string:org.a11y.Status", "string:IsEnabled"),
-            "variant:boolean:true",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        timeout=30,
-        check=False,
-    )
+
+    def send(*argv: str) -> str:
+        return subprocess.run(
+            ["dbus-send", "--print-reply", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        ).stdout
+
+    bus = ("--session", "--dest=org.a11y.Bus", "/org/a11y/bus")
+    properties = "org.freedesktop.DBus.Properties"
+    send(*bus, f"{properties}.Set", "string:org.a11y.Status", "string:IsEnabled", "variant:boolean:true")
+    address = re.search(r'string "([^"]+)"', send(*bus, "org.a11y.Bus.GetAddress"))
+    if address:  # a call to the registry starts it (D-Bus activation) and returns once it answers
+        send(
+            f"--bus={address.group(1)}",
+            "--dest=org.a11y.atspi.Registry",
+            "/org/a11y/atspi/accessible/root",
+            "org.freedesktop.DBus.Peer.Ping",
+        )
 
 
 async def serve(args: argparse.Namespace, ready_out: int) -> int:
@@ -206,10 +221,12 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
             desktop_env["DBUS_SESSION_BUS_ADDRESS"] = bus[1]
     env = dict(os.environ, **desktop_env)
     os.environ.update(desktop_env)
-    if (
-        "DBUS_SESSION_BUS_ADDRESS" in desktop_env
-    ):  # in the background: the accessibility bus starts on demand, GTK asks for it itself
-        asyncio.get_running_loop().run_in_executor(None, enable_accessibility, env)
+    # the accessibility bus and registry start while the window manager does; both before the desktop is ready
+    a11y = asyncio.ensure_future(
+        asyncio.to_thread(enable_accessibility, env)
+        if "DBUS_SESSION_BUS_ADDRESS" in desktop_env
+        else asyncio.sleep(0)
+    )
     if args.wm:
         children.append(
             subprocess.Popen([args.wm], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -217,6 +234,7 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
         if not await asyncio.to_thread(wait_for_window_manager, display):
             print(f"guirl session: the window manager {args.wm!r} did not start", file=sys.stderr, flush=True)
             return 4
+    await a11y
     server: VMServer | None = None
     runner: web.AppRunner | None = None
     if args.osworld_server:

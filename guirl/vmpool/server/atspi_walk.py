@@ -224,10 +224,10 @@ def to_xml(root: ET.Element) -> str:
     out = ET.tostring(root, encoding="unicode")
     # ElementTree declares only the namespaces in use; OSWorld's lxml declares them all
     head, sep, rest = out.partition(">")
-    missing = [f' xmlns:{p}="{u}"' for p, u in NS.items() if f'xmlns:{p}="' not in head]
-    if head.endswith("/"):
-        return head[:-1] + "".join(missing) + "/>" + rest
-    return head + "".join(missing) + sep + rest
+    missing = "".join(f' xmlns:{p}="{u}"' for p, u in NS.items() if f'xmlns:{p}="' not in head)
+    if head.endswith("/"):  # an empty desktop: `<desktop-frame />`
+        return head[:-1].rstrip() + missing + " />" + rest
+    return head + missing + sep + rest
 
 
 def main() -> int:
