@@ -55,9 +55,12 @@ async def play(
     *,
     keep_screenshots: bool = False,
     action_space: str = "computer_use",
+    setup: bool = True,
 ) -> Episode:
-    """Set the task up, perform `actions` in `action_space` (see `VMClient.perform`), and score the result."""
-    await run_setup(client, task.config, ctx)
+    """Set the task up (unless `setup` is False: the desktop already is), perform `actions` in
+    `action_space` (see `VMClient.perform`), and score the result."""
+    if setup:
+        await run_setup(client, task.config, ctx)
     episode = Episode(score=0.0, steps=0)
     for action in actions:
         result = await client.perform(action, action_space=action_space, screenshot=keep_screenshots)

@@ -11,8 +11,10 @@ from guirl.vmpool.client import VMClient
 from guirl.vmpool.local import LocalProvider
 from guirl.vmpool.runner import load_solution, play
 from guirl.vmpool.tasks.check import check
+from guirl.vmpool.tasks.evaluate import evaluate
 from guirl.vmpool.tasks.model import load_task
-from guirl.vmpool.tasks.setup import TaskContext
+from guirl.vmpool.tasks.setup import TaskContext, run_setup
+from guirl.vmpool.tunnel import devtools_endpoint
 from tests.helpers import run
 
 SUITE = Path(__file__).resolve().parents[2] / "tasks" / "local"
@@ -39,40 +41,66 @@ def test_meta_lists_are_disjoint_and_every_task_is_supported():
         assert (SUITE / "solutions" / f"{task_id}.jsonl").is_file(), task_id
 
 
-def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
-    """Both passes over the suite run at once, each on its own desktop (a solution's waits leave the CPU
-    idle); every reference solution scores 1, doing nothing scores 0 on every feasible task."""
+def _context(tmp_path: Path, task_id: str, label: str, devtools: str | None) -> TaskContext:
+    ctx = TaskContext(
+        task_id=task_id,
+        cache_dir=tmp_path / "cache" / task_id / label,
+        download_cache=tmp_path / "downloads",
+        width=1024,
+        height=768,
+        devtools_url=devtools,
+    )
+    ctx.cache_dir.mkdir(parents=True)
+    return ctx
 
-    async def play_suite(label: str) -> dict[str, float]:
-        provider = LocalProvider(tmp_path / label / "vms", width=1024, height=768)
+
+def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
+    """Every task, set up once on a real local desktop: scored as set up (doing nothing: 0 on every feasible
+    task, and on an infeasible one, which nothing declares infeasible), then its reference solution played
+    and scored again (1). A task with post-evaluation steps (which change the desktop) is set up afresh for
+    its solution. The suite is split over two desktops that run at once (a solution's waits leave the CPU
+    idle); the tasks alternate between the two action spaces, computer_use (guirl's /action) and OSWorld's
+    pyautogui (programs through /execute), so each space plays every application's solutions in turn."""
+    suite = _suite()
+    spaces = ("computer_use", "pyautogui")
+
+    async def play_share(share: int) -> dict[str, tuple[float, float]]:
+        provider = LocalProvider(tmp_path / f"desktop{share}" / "vms", width=1024, height=768)
         vm = await provider.create("suite")
         scores = {}
         try:
-            async with VMClient(provider.address(vm), timeout_s=60) as client:
-                for task_id, path in _suite():
+            async with (
+                VMClient(provider.address(vm), timeout_s=60) as client,
+                devtools_endpoint(client, 9222) as devtools,
+            ):
+                for index, (task_id, path) in enumerate(suite):
+                    if index % 2 != share:
+                        continue
                     task = load_task(path)
-                    actions = (
-                        load_solution(SUITE / "solutions" / f"{task_id}.jsonl") if label == "solution" else []
-                    )
+                    solution = load_solution(SUITE / "solutions" / f"{task_id}.jsonl")
+                    space = spaces[index // 2 % 2]
                     await provider.reset(vm)
-                    ctx = TaskContext(
-                        task_id=task_id,
-                        cache_dir=tmp_path / "cache" / task_id / label,
-                        download_cache=tmp_path / "downloads",
-                        width=1024,
-                        height=768,
-                    )
-                    ctx.cache_dir.mkdir(parents=True)
-                    episode = await play(task, client, actions, ctx)
+                    ctx = _context(tmp_path, task_id, "nothing", devtools)
+                    if task.evaluator.postconfig:
+                        nothing = (await play(task, client, [], ctx)).score
+                        await provider.reset(vm)
+                        ctx = _context(tmp_path, task_id, "solution", devtools)
+                        episode = await play(task, client, solution, ctx, action_space=space)
+                    else:
+                        await run_setup(client, task.config, ctx)
+                        nothing = await evaluate(task, client, ctx)
+                        ctx = _context(tmp_path, task_id, "solution", devtools)
+                        episode = await play(task, client, solution, ctx, action_space=space, setup=False)
                     assert episode.refused == [], (task_id, episode.refused)
-                    scores[task_id] = episode.score
+                    scores[task_id] = (nothing, episode.score)
         finally:
             await provider.delete(vm)
         return scores
 
     async def main():
-        return await asyncio.gather(play_suite("solution"), play_suite("nothing"))
+        return await asyncio.gather(play_share(0), play_share(1))
 
-    solved, nothing = run(main(), timeout=400)
-    assert solved == {task_id: 1.0 for task_id, _ in _suite()}
-    assert nothing == {task_id: 0.0 for task_id, _ in _suite()}
+    shares = run(main(), timeout=900)
+    scores = {**shares[0], **shares[1]}
+    assert {t: s[1] for t, s in scores.items()} == {task_id: 1.0 for task_id, _ in suite}
+    assert {t: s[0] for t, s in scores.items()} == {task_id: 0.0 for task_id, _ in suite}

@@ -71,7 +71,7 @@ async def devtools(ctx: TaskContext) -> AsyncIterator[Any]:
     if not ctx.devtools_url:
         raise BrowserUnavailable(
             "this step needs the VM's Chrome DevTools endpoint (Chrome started with --remote-debugging-port, "
-            "reachable from the host): set env.chromium_port (a cloud VM's; local desktops have none)"
+            "reachable from the host): set env.chromium_port (9222, where OSWorld's tasks expose it)"
         )
     try:
         from playwright.async_api import Error as PlaywrightError

@@ -220,7 +220,7 @@ async def _devtools_active_url(ctx: TaskContext) -> str | None:
     if not ctx.devtools_url:
         raise BrowserUnavailable(
             "the active tab's URL needs the VM's accessibility tree or Chrome's DevTools endpoint: "
-            "set env.chromium_port (a cloud VM's; local desktops have none)"
+            "set env.chromium_port (9222, where OSWorld's tasks expose it)"
         )
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
