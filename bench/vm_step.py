@@ -1,6 +1,8 @@
 """Step latency on a local VM: guirl's typed `/action` (action + next screenshot in one call, in-process)
 vs OSWorld's way (`/execute` of `python -c "import pyautogui; ..."`, then `/screenshot`), side by side
-on the same VM, in interleaved rounds; and the reset latency of a local VM. Prints one line of JSON.
+on the same VM, in interleaved rounds; a local VM's start and reset, bare and with every application a
+local desktop offers open (each application's time to its first window is reported too); and what one
+read of the accessibility tree costs with a light and a heavy application open. Prints one line of JSON.
 
     python bench/vm_step.py [--quick]
 """
@@ -14,6 +16,7 @@ import statistics
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,11 +43,85 @@ async def osworld_step(client: VMClient, x: int, y: int) -> float:
     return time.perf_counter() - t
 
 
+APPS = {
+    "xterm": (["xterm"], ["--class", "xterm"]),
+    "gnome-terminal": (["gnome-terminal"], ["--class", "gnome-terminal"]),
+    "mousepad": (["mousepad"], ["--class", "mousepad"]),
+    "calc": (["localc", "--norestore"], ["--name", "LibreOffice Calc"]),
+    "writer": (["lowriter", "--norestore"], ["--name", "LibreOffice Writer"]),
+    "impress": (["loimpress", "--norestore"], ["--name", "LibreOffice Impress"]),
+    "gimp": (["gimp"], ["--name", "GNU Image Manipulation Program"]),
+    "vlc": (["vlc", "--no-audio"], ["--name", "VLC media player"]),
+    "thunderbird": (["thunderbird"], ["--class", "thunderbird"]),
+    "chromium": (["google-chrome", "--remote-debugging-port=1337"], ["--class", "chromium"]),
+}
+"""Every application of a local desktop (`guirl/vmpool/apps.py`), how it is started, and how its first
+window is found."""
+
+
+async def open_app(client: VMClient, name: str) -> float:
+    """Seconds from starting `name` to its first visible window."""
+    command, window = APPS[name]
+    t = time.perf_counter()
+    await client.launch(command)
+    out = await client.execute(
+        ["timeout", "120", "xdotool", "search", "--sync", "--onlyvisible", *window], timeout_s=130
+    )
+    assert out["returncode"] == 0, (name, out)
+    return time.perf_counter() - t
+
+
+async def desktop_figures(provider: LocalProvider, vm: str, quick: bool) -> dict:
+    """Start, reset bare and with every application open, each application's start, the tree's cost."""
+    starts, resets, full_resets = [], [], []
+    for _ in range(3 if quick else 10):
+        t = time.perf_counter()
+        other = await provider.create("bench-start")
+        starts.append(time.perf_counter() - t)
+        await provider.delete(other)
+    app_s: dict[str, list[float]] = {name: [] for name in APPS}
+    tree_s: dict[str, list[float]] = {"mousepad": [], "calc": []}
+    async with VMClient(provider.address(vm), timeout_s=120) as client:
+        for _ in range(2 if quick else 5):
+            await provider.reset(vm)
+            for name in APPS:
+                app_s[name].append(await open_app(client, name))
+            t = time.perf_counter()
+            await provider.reset(vm)  # every application open: the session and all it started go
+            full_resets.append(time.perf_counter() - t)
+        for name in tree_s:
+            await provider.reset(vm)
+            await open_app(client, name)
+            await client.accessibility_tree()  # the helper's start, and the application's first answers
+            for _ in range(3 if quick else 5):
+                t = time.perf_counter()
+                tree = await client.accessibility_tree()
+                tree_s[name].append(time.perf_counter() - t)
+            tree_s[name + "_nodes"] = sum(1 for _ in ET.fromstring(tree).iter())  # type: ignore[assignment]
+        for _ in range(3 if quick else 10):
+            t = time.perf_counter()
+            await provider.reset(vm)
+            resets.append(time.perf_counter() - t)
+    return {
+        "start_median_s": round(statistics.median(starts), 3),
+        "reset_bare_median_s": round(statistics.median(resets), 3),
+        "reset_all_apps_median_s": round(statistics.median(full_resets), 3),
+        "reset_all_apps_max_s": round(max(full_resets), 3),
+        "app_start_median_s": {name: round(statistics.median(v), 2) for name, v in app_s.items()},
+        "a11y_tree_median_s": {
+            name: round(statistics.median(v), 3) for name, v in tree_s.items() if isinstance(v, list)
+        },
+        "a11y_tree_nodes": {name: tree_s[name + "_nodes"] for name in ("mousepad", "calc")},
+    }
+
+
 async def run(quick: bool) -> dict:
     rounds, reps, resets = (3, 5, 5) if quick else (6, 10, 20)
     with tempfile.TemporaryDirectory(prefix="guirl-bench-") as root:
         provider = LocalProvider(root)  # 1920x1080, PNG level 1: the defaults
         vm = await provider.create("bench")
+        desktop = await desktop_figures(provider, vm, quick)
+        await provider.reset(vm)
         typed: list[float] = []
         osworld: list[float] = []
         async with VMClient(provider.address(vm), timeout_s=60) as client:
@@ -79,9 +156,11 @@ async def run(quick: bool) -> dict:
         "reset_median_s": round(statistics.median(reset_s), 3),
         "reset_max_s": round(max(reset_s), 3),
         "delete_s": round(delete_s, 3),
+        **desktop,
         "targets_met": {
             "typed_ge_10x_faster": med_os / med_typed >= 10,
             "reset_under_2s": max(reset_s) < 2.0,
+            "reset_with_all_apps_under_2s": desktop["reset_all_apps_median_s"] < 2.0,
         },
     }
 
@@ -101,6 +180,17 @@ def main() -> None:
     print(
         f"local VM reset:                 {figures['reset_median_s'] * 1e3:8.0f} ms median, "
         f"{figures['reset_max_s'] * 1e3:.0f} ms max"
+    )
+    print(
+        f"local VM start:                 {figures['start_median_s'] * 1e3:8.0f} ms median; reset with every "
+        f"application open: {figures['reset_all_apps_median_s'] * 1e3:.0f} ms median"
+    )
+    apps = figures["app_start_median_s"]
+    print("application start (to its window): " + ", ".join(f"{k} {v:.1f} s" for k, v in apps.items()))
+    trees = figures["a11y_tree_median_s"]
+    print(
+        "accessibility tree, one read:      "
+        + ", ".join(f"{k} {v * 1e3:.0f} ms ({figures['a11y_tree_nodes'][k]} nodes)" for k, v in trees.items())
     )
     print(json.dumps(figures))
 

@@ -62,6 +62,7 @@ from guirl.runtime.retry import backoff_delays, retry_idempotent
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.pool import PoolError, VMPool
 from guirl.vmpool.provider import ProviderError
+from guirl.vmpool.tasks.check import needs_devtools
 from guirl.vmpool.tasks.evaluate import EvaluationError, evaluate
 from guirl.vmpool.tasks.model import TaskError, parse_task
 from guirl.vmpool.tasks.setup import SetupError, TaskContext, run_setup
@@ -428,8 +429,10 @@ class EnvWorker(Actor):
         keepalive = asyncio.create_task(self._keep_lease(lease), name=f"lease:{lease.lease_id}")
         try:
             async with VMClient(lease.address, timeout_s=120) as client, contextlib.AsyncExitStack() as stack:
-                # a local desktop has no network: its DevTools port comes through its server's tunnel
-                devtools = await stack.enter_async_context(devtools_endpoint(client, self.env.chromium_port))
+                # a local desktop has no network: its DevTools port comes through its server's tunnel, opened
+                # (on this host's loopback) only for a task that drives Chrome
+                port = self.env.chromium_port if needs_devtools(task) else 0
+                devtools = await stack.enter_async_context(devtools_endpoint(client, port))
                 ctx = TaskContext(
                     task_id=ep.task_id,
                     cache_dir=episode.dir / "cache",

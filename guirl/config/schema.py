@@ -237,8 +237,8 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     step_latency_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
     """Extra seconds every step costs, parsed or not (benchmarks: a cloud VM is slower than a local one)."""
     chromium_port: Annotated[int, Meta(ge=0, le=65535)] = 9222
-    """Port of Chrome's DevTools on a VM (OSWorld's images: 9222), for Chrome tasks' steps and getters; 0 =
-    none. Local desktops have no network, so their Chrome tasks are unsupported (see `guirl tasks check`)."""
+    """Port of Chrome's DevTools on a VM (OSWorld's tasks expose it on 9222), for Chrome tasks' steps and
+    getters; 0 = none. A cloud VM's is reached at its address, a local desktop's through its server."""
     chrome_profile_dir: str = "~/.config/google-chrome"
     """Chrome's user-data directory on the VM (OSWorld's images: Google Chrome's)."""
     google_drive_settings: str = ""

@@ -16,7 +16,11 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from guirl.vmpool.server.atspi import ATSPI_PARTS
 from guirl.vmpool.tasks.model import Task
+
+DESKTOP_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""Where a local desktop finds programs (besides guirl's own Python)."""
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,8 @@ class App:
     """For an application a local desktop never offers: why."""
 
     def installed(self) -> bool:
-        return not self.why_not and shutil.which(self.check) is not None
+        """On the desktop's PATH (the sandbox binds /usr only: not /snap, /opt or the user's own bins)."""
+        return not self.why_not and shutil.which(self.check, path=DESKTOP_PATH) is not None
 
 
 APPS: tuple[App, ...] = (
@@ -177,25 +182,10 @@ def needed_apps(task: Task) -> set[App]:
     return found
 
 
-def missing_apps(task: Task) -> list[str]:
-    """What `task` needs that a local desktop here lacks, as `app:NAME (why)`."""
-    out = []
-    for app in sorted(needed_apps(task), key=lambda a: a.name):
-        if app.why_not:
-            out.append(f"app:{app.name} ({app.why_not})")
-        elif not app.installed():
-            out.append(f"app:{app.name} (not installed: apt-get install {app.package})")
-    return out
-
-
-ATSPI_PARTS = (
-    ("dbus-daemon", "dbus-daemon"),
-    ("/usr/libexec/at-spi-bus-launcher", "at-spi2-core"),
-    ("/usr/lib/python3/dist-packages/pyatspi/__init__.py", "python3-pyatspi"),
-)
-"""What a local desktop's accessibility tree needs: (a command or file, its Debian package)."""
-
-
 def atspi_missing() -> list[str]:
     """The Debian packages a local desktop's accessibility tree lacks here (empty: it has one)."""
-    return [pkg for what, pkg in ATSPI_PARTS if not (os.path.exists(what) or shutil.which(what))]
+    return [
+        pkg
+        for what, pkg in ATSPI_PARTS
+        if not (os.path.exists(what) if what.startswith("/") else shutil.which(what, path=DESKTOP_PATH))
+    ]

@@ -25,6 +25,12 @@ PYAUTOGUI_TIMEOUT_S = 130.0
 fault."""
 
 
+UNAVAILABLE = (501, 503)
+"""Statuses with which a VM server says it cannot give what was asked — the desktop lacks it (501: no AT-SPI)
+or cannot give it now (503: the accessibility tree could not be read in time): an environment fault
+wherever an evaluation meets it, never what the policy left behind."""
+
+
 class VMError(RuntimeError):
     """A VM server call failed; `status` and `body` are the server's answer when there was one."""
 
@@ -177,8 +183,9 @@ class VMClient:
 
     async def accessibility_tree(self, timeout_s: float | None = None) -> str:
         """The desktop's accessibility tree, OSWorld's XML (`GET /accessibility`). A desktop without
-        AT-SPI answers 501: a VMFatalError."""
-        body = (await self._call("GET", "/accessibility", idempotent=True, timeout_s=timeout_s))[1]
+        AT-SPI answers 501, one whose tree cannot be read now 503 (see `UNAVAILABLE`): VMTransientErrors,
+        as any status from 500 up."""
+        body = (await self._call("GET", "/accessibility", idempotent=False, timeout_s=timeout_s))[1]
         return json.loads(body)["AT"]
 
     # -- guirl's additions -----------------------------------------------------------------------------

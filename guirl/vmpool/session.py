@@ -26,6 +26,20 @@ import time
 from pathlib import Path
 
 
+def read_line(fd: int, timeout: float) -> str:
+    """One line a child writes on the pipe `fd` (read whole before the pipe is closed: a late newline
+    meeting a closed pipe kills some writers), stripped; "" if none came within `timeout`. Closes `fd`."""
+    data, deadline = b"", time.monotonic() + timeout
+    while not data.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 512) if ready else b""
+        if not chunk:
+            break
+        data += chunk
+    os.close(fd)
+    return data.decode(errors="replace").strip()
+
+
 def start_x(width: int, height: int, timeout: float = 30.0) -> tuple[subprocess.Popen, str]:
     """Xvfb on the first free display number; returns (process, ":N") once it accepts clients."""
     x11 = Path("/tmp/.X11-unix")
@@ -50,17 +64,9 @@ def start_x(width: int, height: int, timeout: float = 30.0) -> tuple[subprocess.
         stderr=sys.stderr,
     )
     os.close(write_fd)
-    # Xvfb writes "N\n" when it accepts clients; read the whole line before closing our end, or a late
-    # newline meets a closed pipe and Xvfb dies ("Cannot write display number to fd")
-    data, deadline = b"", time.monotonic() + timeout
-    while not data.endswith(b"\n"):
-        ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(read_fd, 64) if ready else b""
-        if not chunk:
-            break
-        data += chunk
-    os.close(read_fd)
-    number = data.decode().strip()
+    # Xvfb writes "N\n" when it accepts clients (a newline meeting a closed pipe would kill it: "Cannot
+    # write display number to fd")
+    number = read_line(read_fd, timeout)
     if not number:
         proc.kill()
         raise RuntimeError(f"Xvfb did not start within {timeout:.0f} s (its messages are in the session log)")
@@ -149,15 +155,7 @@ def start_session_bus(env: dict[str, str], timeout: float = 10.0) -> tuple[subpr
         stderr=sys.stderr,
     )
     os.close(write_fd)
-    data, deadline = b"", time.monotonic() + timeout
-    while not data.endswith(b"\n"):
-        ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
-        chunk = os.read(read_fd, 512) if ready else b""
-        if not chunk:
-            break
-        data += chunk
-    os.close(read_fd)
-    address = data.decode().strip()
+    address = read_line(read_fd, timeout)
     if not address:
         proc.kill()
         print("guirl session: no D-Bus session bus (dbus-daemon said nothing)", file=sys.stderr, flush=True)
@@ -171,17 +169,27 @@ def enable_accessibility(env: dict[str, str]) -> None:
     (OSWorld's image has it on). Done before the desktop is ready: Qt (VLC) registers its widgets only
     with a registry that already runs when it starts."""
     if shutil.which("dbus-send") is None:
+        print(
+            "guirl session: no dbus-send (Debian's dbus-bin): Qt applications will not be in the "
+            "accessibility tree",
+            file=sys.stderr,
+            flush=True,
+        )
         return
 
     def send(*argv: str) -> str:
-        return subprocess.run(
-            ["dbus-send", "--print-reply", *argv],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        ).stdout
+        try:
+            return subprocess.run(
+                ["dbus-send", "--print-reply", *argv],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:  # the tree is optional; the desktop is not
+            print(f"guirl session: accessibility bus: {exc}", file=sys.stderr, flush=True)
+            return ""
 
     bus = ("--session", "--dest=org.a11y.Bus", "/org/a11y/bus")
     properties = "org.freedesktop.DBus.Properties"
@@ -214,11 +222,10 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     desktop_env.update(A11Y_ENV)
     if LIBREOFFICE_GTK3.exists():
         desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
-    if not args.osworld_server:  # OSWorld's server gets a bus of its own, below
-        bus = start_session_bus(dict(os.environ, **desktop_env))
-        if bus is not None:
-            children.append(bus[0])
-            desktop_env["DBUS_SESSION_BUS_ADDRESS"] = bus[1]
+    bus = start_session_bus(dict(os.environ, **desktop_env))  # for guirl's server and OSWorld's alike
+    if bus is not None:
+        children.append(bus[0])
+        desktop_env["DBUS_SESSION_BUS_ADDRESS"] = bus[1]
     env = dict(os.environ, **desktop_env)
     os.environ.update(desktop_env)
     # the accessibility bus and registry start while the window manager does; both before the desktop is ready
@@ -233,6 +240,7 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
         )
         if not await asyncio.to_thread(wait_for_window_manager, display):
             print(f"guirl session: the window manager {args.wm!r} did not start", file=sys.stderr, flush=True)
+            await a11y
             return 4
     await a11y
     server: VMServer | None = None
@@ -280,15 +288,15 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
 def start_foreign_server(
     args: argparse.Namespace, env: dict[str, str], timeout: float = 60.0
 ) -> subprocess.Popen:
-    """OSWorld's own VM server (`guirl.vmpool.wsgi_host`) on the inherited socket, under a D-Bus session
-    bus (AT-SPI, which its accessibility routes read, starts on it when first asked); returns once the
-    server file has been imported."""
+    """OSWorld's own VM server (`guirl.vmpool.wsgi_host`) on the inherited socket, on the desktop's D-Bus
+    session bus (where its accessibility routes read AT-SPI; without dbus-daemon, under a bus of its own
+    from dbus-run-session); returns once the server file has been imported."""
     if args.listen_fd is None:
         raise SystemExit("--osworld-server needs --listen-fd")
     read_fd, write_fd = os.pipe()
     argv = [sys.executable, "-m", "guirl.vmpool.wsgi_host", "--main", args.osworld_server]
     argv += ["--listen-fd", str(args.listen_fd), "--ready-fd", str(write_fd)]
-    if shutil.which("dbus-run-session"):
+    if not env.get("DBUS_SESSION_BUS_ADDRESS") and shutil.which("dbus-run-session"):
         argv = ["dbus-run-session", "--", *argv]
     proc = subprocess.Popen(
         argv, env=env, pass_fds=(args.listen_fd, write_fd), stdin=subprocess.DEVNULL, stdout=sys.stderr

@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from guirl.vmpool.client import VMClient
-
-CHUNK = 1 << 16
+from guirl.vmpool.server.http import splice
 
 
 async def _pipe(
@@ -26,27 +25,7 @@ async def _pipe(
     except (aiohttp.ClientError, OSError):  # nothing listens there (yet): the connection is refused
         writer.close()
         return
-
-    async def up() -> None:
-        while chunk := await reader.read(CHUNK):
-            await ws.send_bytes(chunk)
-
-    async def down() -> None:
-        async for msg in ws:
-            if msg.type != aiohttp.WSMsgType.BINARY:
-                break
-            writer.write(msg.data)
-            await writer.drain()
-
-    tasks = [asyncio.create_task(up()), asyncio.create_task(down())]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await ws.close()
-        writer.close()
+    await splice(ws, reader, writer)
 
 
 @contextlib.asynccontextmanager

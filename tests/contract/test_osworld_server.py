@@ -210,17 +210,25 @@ def test_guirls_server_answers_as_osworlds_where_a_client_can_tell(tmp_path):
 
 
 def _shape(xml: str) -> list[tuple]:
-    """Each element of an accessibility tree in document order: its depth, tag, and attributes, without the
-    values that depend on where a window landed or which widget has the focus."""
+    """Each element of an accessibility tree in document order: its depth, tag, attributes and text, but for
+    what depends on where a window landed or which widget has the focus (positions are checked for OSWorld's
+    format instead)."""
+    import re
+
     import lxml.etree
 
     root = lxml.etree.fromstring(xml.encode())
-    focus = {f"{{{root.nsmap['st']}}}{s}" for s in ("focused", "active", "selected", "armed", "checked")}
+    st, cp = root.nsmap["st"], root.nsmap["cp"]
+    focus = {f"{{{st}}}{s}" for s in ("focused", "active", "selected", "armed", "checked")}
+    place = {f"{{{cp}}}screencoord", f"{{{cp}}}size"}
     out = []
 
     def walk(node, depth):
+        for key in place & set(node.attrib):
+            assert re.fullmatch(r"\(-?\d+, -?\d+\)", node.get(key)), (node.tag, key, node.get(key))
         attrs = {k: v for k, v in node.attrib.items() if k not in focus}
-        out.append((depth, node.tag, tuple(sorted(attrs)), node.get("name"), (node.text or "").strip()))
+        attrs.update({k: "(x, y)" for k in place & set(attrs)})
+        out.append((depth, node.tag, tuple(sorted(attrs.items())), (node.text or "").strip()))
         for child in node:
             walk(child, depth + 1)
 

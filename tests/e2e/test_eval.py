@@ -72,16 +72,16 @@ def test_scripted_reference_solutions_score_100_even_with_a_vm_killed(tmp_path):
     assert summary["env_errors"] == 1 and summary["aborted"] == 0 and summary["episodes"] == n + 1
     retried = [r for r in summary["results"] if r["attempts"] == 2]
     assert len(retried) == 1 and retried[0]["score"] == 1.0 and len(retried[0]["env_errors"]) == 1
-    assert summary["outcomes"] == {
-        "done": n - 1,
-        "fail": 1,
-    }  # the infeasible task: solved by FAIL, not by time
+    # the infeasible task is solved by FAIL, not by time
+    assert summary["outcomes"] == {"done": n - 1, "fail": 1}
     # the progress display and the result table
     assert f"[eval] {n}/{n} tasks" in out.stdout and "accuracy" in out.stdout and "100.0%" in out.stdout
     run_dir = Path(summary["run_dir"])
     episodes = _episodes(run_dir)
     assert len(episodes) == n + 1
     assert sorted(e["status"] for e in episodes) == ["completed"] * n + ["retried"]
+    broken = next(e for e in episodes if e["status"] == "retried")
+    assert broken["outcome"] == "env_error" and broken["score"] is None and "VM" in broken["env_error"]
     done = next(e for e in episodes if e["task_id"] == "terminal-echo-hello" and e["status"] == "completed")
     ep_dir = run_dir / "episodes" / "terminal-echo-hello" / done["episode_id"]
     lines = [json.loads(x) for x in (ep_dir / "traj.jsonl").read_text().splitlines()]

@@ -66,3 +66,27 @@ def test_every_offered_application_is_installed_by_the_projects_set_up() -> None
         if not app.why_not:
             assert (app.package, app.check) in listed, app
     assert len({a.name for a in APPS}) == len(APPS)
+
+
+def test_tasks_check_says_which_tasks_a_local_desktop_runs_and_why_not_the_others(tmp_path) -> None:
+    from guirl.vmpool.tasks.check import check, render
+
+    def write(domain: str, task_id: str, config: list[dict]) -> None:
+        task = {"id": task_id, "instruction": "i", "config": config, "evaluator": {"func": "infeasible"}}
+        (tmp_path / domain).mkdir(exist_ok=True)
+        (tmp_path / domain / f"{task_id}.json").write_text(json.dumps(task))
+
+    write("code", "edit", [_run(["code", "/home/user/x"])])
+    write("code", "shell", [_run("echo hi")])
+    web = {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["https://example.org"]}}
+    write("web", "page", [_run(["google-chrome", "--remote-debugging-port=1337"]), web])
+    local = {"type": "chrome_open_tabs", "parameters": {"urls_to_open": ["file:///home/user/a.html"]}}
+    write("web", "file", [_run(["google-chrome", "--remote-debugging-port=1337"]), local])
+    report = check([tmp_path])
+    assert (report.domains["code"].local, report.domains["web"].local) == (1, 1)
+    assert dict(report.domains["code"].local_missing) == {"app:vs_code": 1}
+    assert dict(report.domains["web"].local_missing) == {"network": 1}
+    text = render(report)
+    assert "local" in text.splitlines()[0]
+    assert "app:vs_code: Visual Studio Code is not packaged by Debian" in text
+    assert "network: the VM's network" in text

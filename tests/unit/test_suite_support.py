@@ -77,7 +77,7 @@ def test_tasks_needing_a_setting_the_run_lacks_name_the_setting() -> None:
     assert {s.task_id: s.missing for s in skipped} == {
         "a11y": [
             "getter:accessibility_tree (needs the desktop's accessibility tree (AT-SPI): on a local desktop, "
-            "Debian's dbus-daemon, at-spi2-core, python3-pyatspi)"
+            "Debian's dbus-daemon, dbus-bin, at-spi2-core, python3-pyatspi)"
         ],
         "tabs": [
             "network (needs the VM's network (the task's browser or commands fetch from the internet): local "

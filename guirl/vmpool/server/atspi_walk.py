@@ -45,7 +45,8 @@ TERMINAL_APP = "gnome-terminal-server"
 """The only terminal OSWorld's `/terminal` reads (GNOME Terminal's VTE widgets speak AT-SPI; xterm does
 not)."""
 
-_XML_NAME = re.compile(r"^[A-Za-z_][\w.-]*$")
+_XML_NAME = re.compile(r"[A-Za-z_][\w.-]*")
+"""What may name an element or attribute (matched whole: `fullmatch`)."""
 _XML_BAD_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 for _prefix, _uri in NS.items():
@@ -71,7 +72,11 @@ class Walker:
         if self._calc_columns is None:
             try:
                 out = subprocess.run(
-                    ["libreoffice", "--version"], capture_output=True, text=True, timeout=30
+                    ["libreoffice", "--version"],
+                    stdin=subprocess.DEVNULL,  # not the server's request pipe
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
                 ).stdout.split()
                 version = tuple(int(x) for x in out[1].split(".")[:2])
             except (OSError, IndexError, ValueError, subprocess.SubprocessError):
@@ -88,7 +93,9 @@ class Walker:
             if name:
                 attrib[_q("st", name)] = "true"
         for key, value in (acc.get_attributes() or {}).items():
-            if key and _XML_NAME.match(key):  # OSWorld's lxml would refuse the whole subtree; skip the key
+            if key and _XML_NAME.fullmatch(
+                key
+            ):  # OSWorld's lxml would refuse the whole subtree; skip the key
                 attrib[_q("attr", key)] = _clean(str(value))
         if attrib.get(_q("st", "visible")) == "true" and attrib.get(_q("st", "showing")) == "true":
             try:
@@ -132,12 +139,12 @@ class Walker:
         else:
             for i in range(action.nActions):
                 name = action.getName(i).replace(" ", "-")
-                if _XML_NAME.match(name):
+                if _XML_NAME.fullmatch(name):
                     attrib[_q("act", f"{name}_desc")] = _clean(action.getDescription(i) or "")
                     attrib[_q("act", f"{name}_kb")] = _clean(action.getKeyBinding(i) or "")
         raw_role = acc.getRoleName().strip()
         tag = (raw_role or "unknown").replace(" ", "-")
-        if not _XML_NAME.match(tag):
+        if not _XML_NAME.fullmatch(tag):
             tag = "unknown"
         if not flag and raw_role == "document spreadsheet":
             flag = "calc"
@@ -182,7 +189,7 @@ class Walker:
                 return
             if first_column is None:
                 rows_without += 1
-                if rows_without >= CALC_SCAN:
+                if rows_without > CALC_SCAN:  # OSWorld's: rows 0 to 500
                     return
             row_start += columns
 

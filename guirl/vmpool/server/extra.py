@@ -20,8 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
-from guirl.vmpool.server.atspi import Atspi, AtspiError, AtspiUnavailable
-from guirl.vmpool.server.http import bad_request, request_fields
+from guirl.vmpool.server.atspi import Atspi, AtspiBusy, AtspiError, AtspiUnavailable
+from guirl.vmpool.server.http import bad_request, request_fields, splice
 
 OPEN_FILE_TIMEOUT_S = 120.0
 """How long `/setup/open_file` waits for the file's window (OSWorld waits up to 1800 s)."""
@@ -31,6 +31,11 @@ def _unsupported(what: str) -> web.Response:
     return web.json_response(
         {"status": "error", "message": f"unsupported on this desktop: {what}"}, status=501
     )
+
+
+def _busy(what: str) -> web.Response:
+    """503: the desktop cannot give this now (an environment fault, see `guirl.vmpool.client.UNAVAILABLE`)."""
+    return web.json_response({"status": "error", "message": f"unavailable now: {what}"}, status=503)
 
 
 def _wmctrl_flags(data: dict[str, Any], action: str) -> list[str]:
@@ -238,6 +243,8 @@ class ExtraRoutes:
             answer = await self.atspi.call("terminal")
         except AtspiUnavailable as exc:
             return _unsupported(f"terminal output needs AT-SPI: {exc}")
+        except AtspiBusy as exc:
+            return _busy(str(exc))
         except AtspiError as exc:
             return web.json_response({"status": "error", "message": str(exc)}, status=500)
         return web.json_response({"output": answer["output"], "status": "success"})
@@ -248,6 +255,8 @@ class ExtraRoutes:
             answer = await self.atspi.call("tree")
         except AtspiUnavailable as exc:
             return _unsupported(f"the accessibility tree needs AT-SPI: {exc}")
+        except AtspiBusy as exc:
+            return _busy(str(exc))
         except AtspiError as exc:
             return web.json_response({"status": "error", "message": str(exc)}, status=500)
         return web.json_response({"AT": answer["xml"]})
@@ -273,29 +282,7 @@ class ExtraRoutes:
                 {"status": "error", "message": f"nothing answers on port {port} in the VM: {exc}"}, status=502
             )
         await ws.prepare(request)
-
-        async def upstream() -> None:
-            async for msg in ws:
-                if msg.type != web.WSMsgType.BINARY:
-                    break
-                writer.write(msg.data)
-                await writer.drain()
-            writer.close()
-
-        async def downstream() -> None:
-            while chunk := await reader.read(1 << 16):
-                await ws.send_bytes(chunk)
-            await ws.close()
-
-        tasks = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            writer.close()
-            await ws.close()
+        await splice(ws, reader, writer)
         return ws
 
     # -- what this desktop does not have ---------------------------------------------------------------

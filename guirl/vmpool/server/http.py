@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
-from aiohttp import web
+from aiohttp import WSMsgType, web
+
+CHUNK = 1 << 16
 
 
 def error_reply(status: int, message: str) -> web.Response:
@@ -31,3 +34,29 @@ async def request_fields(request: web.Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise bad_request("expected a JSON object")
     return data
+
+
+async def splice(ws: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Carry bytes between a WebSocket (binary messages; aiohttp's server or client side) and a TCP stream,
+    both ways, until either side ends; then close both. The two ends of `/tunnel/{port}` use it."""
+
+    async def to_stream() -> None:
+        async for msg in ws:
+            if msg.type != WSMsgType.BINARY:
+                break
+            writer.write(msg.data)
+            await writer.drain()
+
+    async def to_ws() -> None:
+        while chunk := await reader.read(CHUNK):
+            await ws.send_bytes(chunk)
+
+    tasks = [asyncio.create_task(to_stream()), asyncio.create_task(to_ws())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        writer.close()
+        await ws.close()

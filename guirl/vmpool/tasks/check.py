@@ -229,18 +229,47 @@ def _needs_network(task: Task) -> bool:
     return False
 
 
-def unavailable_parts(task: Task, available: set[str]) -> list[str]:
-    """The parts of `task` that need a setting of `NEEDS_SETTINGS` not in `available`, each naming it."""
+LOCAL_APPS = "the applications of a local desktop here (guirl/vmpool/apps.py)"
+"""In a run's settings: its VMs are local desktops, which run only the applications installed here."""
+SHORT = {NETWORK: "network", WALLPAPER: "GNOME wallpaper", ATSPI: "AT-SPI", DEVTOOLS: "DevTools"}
+"""The short names `local_missing` gives the needs of `NEEDS_SETTINGS` (explained by `local_legend`)."""
+
+
+def needs_devtools(task: Task) -> bool:
+    """Whether a step or getter of `task` drives the VM's Chrome over DevTools."""
+    used = {f"setup:{s.type}" for s in [*task.config, *task.evaluator.postconfig]}
+    used |= {f"getter:{g}" for g in getters_of(task)}
+    return any(DEVTOOLS in NEEDS_SETTINGS.get(part, ()) for part in used)
+
+
+def _lacks(task: Task, available: set[str]) -> list[tuple[set[str], str]]:
+    """What `task` needs that `available` does not provide, each as (its short names, a message naming
+    it): the settings of its steps and getters, the VM's network, and (with `LOCAL_APPS`) its
+    applications."""
     used = {f"setup:{s.type}" for s in [*task.config, *task.evaluator.postconfig]}
     used |= {f"getter:{g}" for g in getters_of(task)}
     out = []
     for part in sorted(used):
         lacking = [need for need in NEEDS_SETTINGS.get(part, ()) if need not in available]
         if lacking:
-            out.append(f"{part} (needs {'; '.join(_said(n) for n in lacking)})")
-    if NETWORK not in available and _needs_network(task) and not any(NETWORK in p for p in out):
-        out.append(f"network (needs {NETWORK})")
+            names = {SHORT.get(n, n) for n in lacking}
+            out.append((names, f"{part} (needs {'; '.join(_said(n) for n in lacking)})"))
+    if NETWORK not in available and _needs_network(task) and not any(NETWORK in m for _, m in out):
+        out.append(({SHORT[NETWORK]}, f"network (needs {NETWORK})"))
+    if LOCAL_APPS in available:
+        from guirl.vmpool.apps import needed_apps
+
+        for app in sorted(needed_apps(task), key=lambda a: a.name):
+            if not app.installed():
+                why = app.why_not or f"not installed here: apt-get install {app.package}"
+                out.append(({f"app:{app.name}"}, f"app:{app.name} ({why})"))
     return out
+
+
+def unavailable_parts(task: Task, available: set[str]) -> list[str]:
+    """What `task` needs that the run does not provide (`available`: `NEEDS_SETTINGS`, the network, and on
+    local desktops their applications), each naming what it lacks."""
+    return [message for _, message in _lacks(task, available)]
 
 
 def _said(need: str) -> str:
@@ -260,7 +289,7 @@ def available_settings(
     local: bool = False,
 ) -> set[str]:
     """The `NEEDS_SETTINGS` a run's configuration provides. `local`: the VMs are local desktops (no
-    network, no GNOME; an accessibility tree where `atspi`)."""
+    network, no GNOME, the applications installed here; an accessibility tree where `atspi`)."""
     given = (
         (DEVTOOLS, devtools),
         (DRIVE, drive),
@@ -269,6 +298,7 @@ def available_settings(
         # GNOME's settings and the internet come with OSWorld's desktop image, which every cloud VM boots
         (WALLPAPER, not local),
         (NETWORK, not local),
+        (LOCAL_APPS, local),
     )
     return {need for need, ok in given if ok}
 
@@ -281,25 +311,10 @@ def local_settings() -> set[str]:
     return available_settings(devtools=True, drive=True, account=True, atspi=not atspi_missing(), local=True)
 
 
-SHORT = {NETWORK: "network", WALLPAPER: "GNOME wallpaper", ATSPI: "AT-SPI", DEVTOOLS: "DevTools"}
-"""The names `local_missing` gives the needs of `NEEDS_SETTINGS` (explained by `local_legend`)."""
-
-
 def local_missing(task: Task) -> list[str]:
     """What `task` needs that a local desktop here does not have, by short names (`app:vs_code`,
     `network`, `GNOME wallpaper`): its applications, the network, GNOME's settings, AT-SPI."""
-    from guirl.vmpool.apps import needed_apps
-
-    out = {f"app:{a.name}" for a in needed_apps(task) if not a.installed()}
-    available = local_settings()
-    used = {f"setup:{s.type}" for s in [*task.config, *task.evaluator.postconfig]}
-    used |= {f"getter:{g}" for g in getters_of(task)}
-    out |= {
-        SHORT[n] for part in used for n in NEEDS_SETTINGS.get(part, ()) if n not in available and n in SHORT
-    }
-    if NETWORK not in available and _needs_network(task):
-        out.add(SHORT[NETWORK])
-    return sorted(out)
+    return sorted({name for names, _ in _lacks(task, local_settings()) for name in names})
 
 
 def local_legend(names: set[str]) -> list[str]:

@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from guirl.agent.actions import Fail
-from guirl.vmpool.client import VMClient, VMError
+from guirl.vmpool.client import UNAVAILABLE, VMClient, VMError
 from guirl.vmpool.sandbox import SandboxError
 from guirl.vmpool.tasks.files import FetchError
 from guirl.vmpool.tasks.getters import UnsupportedGetter, get
@@ -48,9 +48,10 @@ def _at(value: Any, i: int, n: int) -> Any:
 
 
 def _unreachable(exc: BaseException) -> bool:
-    """The VM did not answer at all (down, unreachable, timed out), or answered that it cannot do what was
-    asked (501: e.g. no AT-SPI on this desktop): an environment fault, not what the policy left behind."""
-    return isinstance(exc, VMError) and exc.status in (0, 501)
+    """The VM did not answer at all (down, unreachable, timed out), or answered that it cannot give what was
+    asked (`UNAVAILABLE`: no AT-SPI on this desktop, a tree that could not be read in time): an environment
+    fault, not what the policy left behind."""
+    return isinstance(exc, VMError) and exc.status in (0, *UNAVAILABLE)
 
 
 async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:

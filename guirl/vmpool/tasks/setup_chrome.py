@@ -64,6 +64,25 @@ def devtools_url(vm_address: str, port: int) -> str | None:
     return f"http://{host}:{port}"
 
 
+async def browser_endpoint(url: str) -> str:
+    """The browser's WebSocket endpoint at the DevTools endpoint `url` (`/json/version`), pointed at `url`'s
+    own host and port: what the VM names is not followed elsewhere (Playwright would connect to any host the
+    VM's answer names), and a tunnelled endpoint stays in its tunnel."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S)) as http:
+            async with http.get(url.rstrip("/") + "/json/version") as resp:
+                version = await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise BrowserUnavailable(f"Chrome's DevTools at {url} did not answer: {exc}") from exc
+    named = version.get("webSocketDebuggerUrl") if isinstance(version, dict) else None
+    path = urllib.parse.urlsplit(named).path if isinstance(named, str) else ""
+    if not path.startswith("/devtools/browser/"):
+        raise BrowserUnavailable(f"Chrome's DevTools at {url} named no browser endpoint: {named!r}")
+    return f"ws://{urllib.parse.urlsplit(url).netloc}{path}"
+
+
 @contextlib.asynccontextmanager
 async def devtools(ctx: TaskContext) -> AsyncIterator[Any]:
     """A Playwright `Browser` connected over CDP to the VM's Chrome; disconnected (Chrome keeps running)
@@ -84,9 +103,10 @@ async def devtools(ctx: TaskContext) -> AsyncIterator[Any]:
     async with async_playwright() as pw:
 
         async def connect() -> Any:
+            endpoint = await browser_endpoint(url)  # refused or silent: Chrome may still be starting
             try:
-                return await pw.chromium.connect_over_cdp(url, timeout=CONNECT_TIMEOUT_S * 1000)
-            except PlaywrightError as exc:  # refused or silent: Chrome may still be starting
+                return await pw.chromium.connect_over_cdp(endpoint, timeout=CONNECT_TIMEOUT_S * 1000)
+            except PlaywrightError as exc:
                 raise BrowserUnavailable(f"Chrome's DevTools at {url} did not answer: {exc}") from exc
 
         # OSWorld tries for over a minute (Chrome is launched by the step before); connecting is idempotent

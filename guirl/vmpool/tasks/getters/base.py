@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from guirl.vmpool.client import VMClient, VMError, VMFatalError
+from guirl.vmpool.client import UNAVAILABLE, VMClient, VMError, VMFatalError
 from guirl.vmpool.tasks.files import copy_into, fetch
 from guirl.vmpool.tasks.setup import TaskContext
 
@@ -65,8 +65,9 @@ async def rule(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> An
 
 def answered(exc: VMError) -> bool:
     """The VM's server answered, with an error status: OSWorld's getters then return None (the task scores
-    what None scores). No answer at all (status 0: down, unreachable, timed out) is an environment fault."""
-    return exc.status != 0
+    what None scores). No answer at all (status 0: down, unreachable, timed out), or an answer that the
+    desktop cannot give it (`UNAVAILABLE`), is an environment fault."""
+    return exc.status not in (0, *UNAVAILABLE)
 
 
 async def _command(config: dict[str, Any], client: VMClient, key: str) -> Any:
@@ -92,10 +93,10 @@ async def vm_command_error(config: dict[str, Any], client: VMClient, ctx: TaskCo
 async def vm_terminal_output(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     try:
         body = (await client._call("GET", "/terminal", idempotent=True))[1]
-    except VMError as exc:  # OSWorld's getter: None for any non-200
-        if answered(exc) and exc.status != 501:
+    except VMError as exc:  # OSWorld's getter: None for any non-200; a desktop without AT-SPI raises
+        if answered(exc):
             return None
-        raise  # 501: this desktop has no AT-SPI, which is not the policy's doing: the task is not scored
+        raise
     try:
         data = json.loads(body)
     except ValueError:

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 import aiohttp
 
-from guirl.vmpool.client import VMClient, VMError, VMFatalError
+from guirl.vmpool.client import UNAVAILABLE, VMClient, VMError, VMFatalError
 from guirl.vmpool.tasks.getters.base import Getter, save
 from guirl.vmpool.tasks.setup import TaskContext
 from guirl.vmpool.tasks.setup_chrome import BrowserUnavailable
@@ -241,17 +241,17 @@ async def _devtools_active_url(ctx: TaskContext) -> str | None:
 
 async def active_url(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> str | None:
     """The active tab's URL: from the address bar in the VM's accessibility tree, with `goto_prefix`
-    (default "https://") before it, as OSWorld reads it; where the VM has no accessibility tree (guirl's
-    own desktops), the page's full URL from DevTools."""
+    (default "https://") before it, as OSWorld reads it; where the VM has no accessibility tree (a server
+    without the route, a desktop without AT-SPI) or cannot read it now, the page's full URL from DevTools."""
     try:
-        body = (await client._call("GET", "/accessibility", idempotent=False, timeout_s=120.0))[1]
+        tree = await client.accessibility_tree(timeout_s=120.0)
     except VMError as exc:
-        # 501: guirl's desktops have no AT-SPI; 404: a server without the route. Anything else (no answer)
-        # is the VM's fault and propagates.
-        if exc.status not in (404, 501):
+        # 404: a server without the route; UNAVAILABLE: no AT-SPI, or no tree in time. Anything else (no
+        # answer) is the VM's fault and propagates.
+        if exc.status not in (404, *UNAVAILABLE):
             raise
         return await _devtools_active_url(ctx)
-    text = address_bar_text(json.loads(body).get("AT") or "")
+    text = address_bar_text(tree or "")
     return None if text is None else f"{config.get('goto_prefix', 'https://')}{text}"
 
 

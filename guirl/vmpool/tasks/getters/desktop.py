@@ -14,9 +14,9 @@ from guirl.vmpool.tasks.setup import TaskContext
 async def accessibility_tree(config: dict[str, Any], client: VMClient, ctx: TaskContext) -> Any:
     """The desktop's accessibility tree as OSWorld's server serialises it (XML text, `GET /accessibility`).
 
-    A desktop without AT-SPI answers 501 (guirl's Xvfb desktop): the client's error propagates and the task
-    cannot be scored there (an EvaluationError), rather than scoring the policy 0 for the desktop's
-    limitation. OSWorld's getter would give None, on which its metrics raise.
+    A desktop without AT-SPI answers 501, one whose tree cannot be read in time 503: the client's error
+    propagates and the task cannot be scored there (an environment fault), rather than scoring the policy 0
+    for the desktop's limitation. OSWorld's getter would give None, on which its metrics raise.
     """
     return await client.accessibility_tree()
 
