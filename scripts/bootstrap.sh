@@ -23,8 +23,21 @@ fi
 # (a command name, "py:MODULE" for a module of $PYTHON, "path:FILE", or "deb" for the package itself) is
 # missing.
 missing=()
+# PACKAGE may name alternatives, "a|b" (a package Debian and Ubuntu name differently): the first one apt
+# knows is installed
+pick() {
+    local alt
+    IFS='|' read -ra alts <<< "$1"
+    if command -v apt-cache >/dev/null 2>&1; then
+        for alt in "${alts[@]}"; do
+            apt-cache show "$alt" >/dev/null 2>&1 && { echo "$alt"; return; }
+        done
+    fi
+    echo "${alts[0]}"
+}
 while read -r pkg check; do
     [[ -z "$pkg" || "$pkg" == \#* ]] && continue
+    [[ "$pkg" == *"|"* ]] && pkg=$(pick "$pkg")
     if [[ "$check" == py:* ]]; then
         "$PYTHON" -c "import ${check#py:}" >/dev/null 2>&1 || missing+=("$pkg")
     elif [[ "$check" == path:* ]]; then
