@@ -56,6 +56,8 @@ def command(args: argparse.Namespace, mode: str, seed: int, ckpt: str, root: Pat
         return [
             *(sys.executable, str(ROOT / "bin" / "guirl"), "eval", "--config", str(config)),
             *("--backend", "scripted", "--max-steps", "15", "--set", "eval.max_attempts=6", *chaos),
+            # the light applications' tasks (the faults are what is tested, not the suite)
+            *("--domain", "terminal", "--domain", "text_editor", "--domain", "spreadsheet"),
         ]
     config = ROOT / "configs" / ("local_prm_rl.toml" if mode == "prm" else "local_rl.toml")
     cmd = [

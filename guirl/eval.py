@@ -106,6 +106,7 @@ RESUME_FIXED = (
     "env.screen_width",
     "env.screen_height",
     "env.screenshot_cursor",
+    "env.accessibility",
     "data.eval",
     "data.task_type",
     "data.format_weight",
@@ -182,17 +183,22 @@ def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
     was.update({k: v for k, v in _BEFORE_THEIR_KEY.items() if k not in written})
     now = _flat(msgspec.to_builtins(cfg))
     fixed = [k for k in now if any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FIXED)]
-    # a backend's own settings count where that backend plays (a change of backend is said by itself)
+    # a backend's own settings count where that backend plays (a change of backend is said by itself), and
+    # the local desktops' where the desktops are local (a cloud VM runs OSWorld's image whatever they say)
     fixed = [
         k
         for k in fixed
-        if not k.startswith("inference.") or k.split(".")[1] in ("backend", cfg.inference.backend)
+        if (not k.startswith("inference.") or k.split(".")[1] in ("backend", cfg.inference.backend))
+        and (k not in _LOCAL_ONLY or cfg.env.provider == "local")
     ]
     return [f"{k}: was {was[k]!r}, now {now[k]!r}" for k in fixed if k in was and was[k] != now[k]]
 
 
+_LOCAL_ONLY = ("env.screenshot_cursor", "env.accessibility")
+"""Settings of local desktops only."""
+
 # what a run saved before a setting existed played with (where that is not the setting's default)
-_BEFORE_THEIR_KEY = {"env.screenshot_cursor": False}
+_BEFORE_THEIR_KEY = {"env.screenshot_cursor": False, "env.accessibility": False}
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

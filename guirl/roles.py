@@ -272,7 +272,7 @@ def run_settings(cfg: GuirlConfig) -> set[str]:
         devtools=env.chromium_port > 0,  # a local desktop's, through its server's tunnel
         drive=bool(env.google_drive_settings),
         account=bool(env.google_account),
-        atspi=not local or not atspi_missing(),
+        atspi=not local or (env.accessibility and not atspi_missing()),
         local=local,
     )
 

@@ -236,6 +236,7 @@ class EnvWorker(Actor):
                 width=self.env.screen_width,
                 height=self.env.screen_height,
                 cursor=self.env.screenshot_cursor,
+                accessibility=self.env.accessibility,
             )
         from guirl.vmpool.cloud import CloudProvider, run_alive
         from guirl.vmpool.clouds import make_cloud

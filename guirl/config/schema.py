@@ -234,6 +234,10 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     screenshot_cursor: bool = True
     """Draw the mouse pointer into local desktops' screenshots, as OSWorld's VM server draws it into its own
     (a policy trained on one sees the other alike); off: the screen alone. Cloud VMs run OSWorld's server."""
+    accessibility: bool = True
+    """Run AT-SPI on local desktops, as OSWorld's image does: the accessibility tree (`/accessibility`, its
+    getters and metrics) and GNOME Terminal's text; off: those answer 501, their tasks are refused (or
+    skipped), and applications run without their accessibility bridges. Cloud VMs run OSWorld's image."""
     step_latency_s: Annotated[float, Meta(ge=0, le=60)] = 0.0
     """Extra seconds every step costs, parsed or not (benchmarks: a cloud VM is slower than a local one)."""
     chromium_port: Annotated[int, Meta(ge=0, le=65535)] = 9222

@@ -107,6 +107,7 @@ class LocalProvider:
         height: int = 1080,
         png_level: int = 1,
         cursor: bool = True,
+        accessibility: bool = True,
         template: str | os.PathLike[str] | None = None,
         start_timeout_s: float = 60.0,
         window_manager: str = "icewm",
@@ -116,6 +117,7 @@ class LocalProvider:
         self.root.mkdir(parents=True, exist_ok=True)
         self.width, self.height, self.png_level = width, height, png_level
         self.cursor = cursor  # the pointer drawn into guirl's server's screenshots, as OSWorld's server does
+        self.accessibility = accessibility  # AT-SPI on the desktop's session bus, as on OSWorld's image
         self.template = Path(template) if template else self._default_template()
         self.start_timeout_s = start_timeout_s
         self.window_manager = window_manager
@@ -266,6 +268,7 @@ class LocalProvider:
             "--wm",
             self.window_manager,
             *([] if self.cursor else ["--no-cursor"]),
+            *([] if self.accessibility else ["--no-accessibility"]),
         ]
         if self.osworld_server is not None:  # where an OSWorld image keeps it (copied in at each reset)
             command += ["--osworld-server", f"{HOME}/server/{self.osworld_server.name}"]

@@ -219,10 +219,14 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     if command_shims(shims):
         desktop_env["PATH"] = f"{shims}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
     children = [xvfb]
-    desktop_env.update(A11Y_ENV)
-    if LIBREOFFICE_GTK3.exists():
-        desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
-    bus = start_session_bus(dict(os.environ, **desktop_env))  # for guirl's server and OSWorld's alike
+    if not args.no_accessibility:
+        desktop_env.update(A11Y_ENV)
+        if LIBREOFFICE_GTK3.exists():
+            desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
+    else:
+        desktop_env["NO_AT_BRIDGE"] = "1"  # GTK: no accessibility bridge, no bus to look for
+    # for guirl's server and OSWorld's alike (without accessibility, OSWorld's gets dbus-run-session's)
+    bus = None if args.no_accessibility else start_session_bus(dict(os.environ, **desktop_env))
     if bus is not None:
         children.append(bus[0])
         desktop_env["DBUS_SESSION_BUS_ADDRESS"] = bus[1]
@@ -322,6 +326,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--png-level", type=int, default=1, help="PNG compression level of screenshots (0-9)")
     ap.add_argument("--no-cursor", action="store_true", help="screenshots without the mouse pointer drawn in")
+    ap.add_argument(
+        "--no-accessibility", action="store_true", help="no AT-SPI: no accessibility tree, no terminal text"
+    )
     ap.add_argument("--wm", default="icewm", help="window manager to run ('' for none)")
     ap.add_argument("--osworld-server", help="run this OSWorld VM server main.py instead of guirl's server")
     args = ap.parse_args(argv)

@@ -85,12 +85,15 @@ def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
     """Every shipped task's reference solution scores 1 through OSWorld's server, as it does through
     guirl's (tests/integration/test_shipped_tasks.py), in both action spaces (computer_use falls back to
     /execute on a server without /action): setup steps, actions, getters and metrics. The two action
-    spaces play on two desktops at once (a solution's waits leave the CPU idle)."""
+    spaces play on two desktops at once (a solution's waits leave the CPU idle). The tasks of the terminals,
+    Mousepad and Calc: OSWorld's server has no tunnel to Chrome's DevTools (guirl's route), and the other
+    applications' setup, getters and metrics are the same calls these make."""
+    suite = [(i, p) for i, p in _suite() if p.parent.name in ("terminal", "text_editor", "spreadsheet")]
 
     async def play_suite(action_space: str) -> dict[str, float]:
         scores = {}
         async with osworld_desktop(tmp_path / action_space) as (provider, vm):
-            for task_id, path in _suite():
+            for task_id, path in suite:
                 task = load_task(path)
                 await provider.reset(vm)
                 async with VMClient(provider.address(vm), timeout_s=60) as client:
@@ -105,7 +108,7 @@ def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
     async def main():
         return await asyncio.gather(play_suite("pyautogui"), play_suite("computer_use"))
 
-    every = {task_id: 1.0 for task_id, _ in _suite()}
+    every = {task_id: 1.0 for task_id, _ in suite}
     assert run(main(), timeout=900) == [every, every]
 
 

@@ -6,8 +6,9 @@ user's home, a remote-debugging port, here chosen by Chromium: `--remote-debuggi
 read through a real local VM whose home holds that user-data directory. OSWorld's own getters
 (desktop-env 1.0.2 `getters/chrome.py`) run against the same Chromium and files, from a thread (they use
 Playwright's sync API), given an `env` that answers what they ask: the VM's files, and an
-accessibility tree whose address bar shows the active tab (OSWorld's VM server reads that from AT-SPI,
-which does not run here). Metrics are checked for parity on the getters' real outputs.
+accessibility tree whose address bar shows the active tab (OSWorld's VM server reads that from AT-SPI; the
+browser here is not on the VM's desktop, whose accessibility is turned off: guirl's getters fall back to
+DevTools, as on any desktop without a tree). Metrics are checked for parity on the getters' real outputs.
 
 The tests share the browser and run in file order; the last one shuts Chromium down so that it writes
 its profile (History, Cookies, Preferences) to disk.
@@ -166,7 +167,9 @@ async def _start(tmp: Path) -> tuple[Any, ...]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    provider = LocalProvider(tmp / "vms", width=800, height=600)
+    # the browser runs beside the VM: a tree of the VM's desktop would not show it (no AT-SPI there, so the
+    # active tab comes from DevTools)
+    provider = LocalProvider(tmp / "vms", width=800, height=600, accessibility=False)
     vm = await provider.create("chrome")
     home = provider.vms[vm].dir / "home"
     _seed_profile(home / PROFILE, BOOKMARKS)
@@ -332,7 +335,7 @@ def _front(browser: Browser, url: str) -> None:
 def test_active_tab_getters_and_their_metrics(browser: Browser) -> None:
     url = f"{browser.site}/page/search?q=nereida&hl=en&tags=a,b"
     _front(browser, url)
-    # guirl's VM has no AT-SPI tree: the active tab comes from DevTools, whole
+    # the VM has no AT-SPI tree: the active tab comes from DevTools, whole
     assert browser.get({"type": "active_url_from_accessTree", "goto_prefix": "https://www."}) == url
     [(info, theirs)] = browser.both(
         [({"type": "active_tab_info", "goto_prefix": "http://"}, "get_active_tab_info", _hostless(url))]
@@ -473,7 +476,7 @@ def test_no_devtools_endpoint_is_an_environment_error(browser: Browser) -> None:
         browser.run(HANDLERS["chrome_open_tabs"](browser.client, bare, urls_to_open=["http://127.0.0.1:1/"]))
     with pytest.raises(BrowserUnavailable, match="env.chromium_port"):
         browser.run(GETTERS["open_tabs_info"]({"type": "open_tabs_info"}, browser.client, bare))
-    with pytest.raises(BrowserUnavailable, match="env.chromium_port"):  # no AT-SPI on guirl's VM, no DevTools
+    with pytest.raises(BrowserUnavailable, match="env.chromium_port"):  # no AT-SPI on this VM, no DevTools
         browser.run(GETTERS["active_tab_info"]({"type": "active_tab_info"}, browser.client, bare))
     with pytest.raises(BrowserUnavailable, match="google_drive_settings"):
         browser.run(HANDLERS["googledrive"](browser.client, bare, operation=["delete"], args=[{"query": ""}]))

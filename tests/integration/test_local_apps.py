@@ -91,7 +91,9 @@ def test_gnome_terminals_text_is_read_through_atspi(tmp_path):
             await client.execute(["xdotool", "type", "--delay", "20", "echo $((6 * 7))-done\n"])
             for _ in range(200):  # the shell answers in its own time; each read is a full AT-SPI walk
                 output = await get({"type": "vm_terminal_output"}, client, ctx)
-                if output and "42-done" in output and output.endswith("$"):  # the answer, then the next prompt
+                if (
+                    output and "42-done" in output and output.endswith("$")
+                ):  # the answer, then the next prompt
                     break
             assert output and output.splitlines()[-2:] == ["42-done", output.splitlines()[-1]]
             assert "echo $((6 * 7))-done" in output

@@ -942,9 +942,9 @@ def desktop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Desktop]:
 
 
 def test_vlc_config_getter(desktop: Desktop) -> None:
-    assert desktop.get({"type": "vlc_config", "dest": "vlcrc"}) is None  # VLC never saved its settings
     config = desktop.home / ".config" / "vlc"
-    config.mkdir(parents=True)
+    (config / "vlcrc").unlink()  # the desktop's own (as OSWorld's image has it): here, VLC never saved one
+    assert desktop.get({"type": "vlc_config", "dest": "vlcrc"}) is None
     saved = vlcrc(config, qt_max_volume="200")
     os.replace(saved, config / "vlcrc")
     path = desktop.get({"type": "vlc_config", "dest": "vlcrc"})

@@ -18,6 +18,8 @@ from guirl.vmpool.tunnel import devtools_endpoint
 from tests.helpers import run
 
 SUITE = Path(__file__).resolve().parents[2] / "tasks" / "local"
+SHARES = 3
+"""Desktops the suite test plays on at once."""
 
 
 def _suite() -> list[tuple[str, Path]]:
@@ -58,7 +60,7 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
     """Every task, set up once on a real local desktop: scored as set up (doing nothing: 0 on every feasible
     task, and on an infeasible one, which nothing declares infeasible), then its reference solution played
     and scored again (1). A task with post-evaluation steps (which change the desktop) is set up afresh for
-    its solution. The suite is split over two desktops that run at once (a solution's waits leave the CPU
+    its solution. The suite is split over three desktops that run at once (a solution's waits leave the CPU
     idle); the tasks alternate between the two action spaces, computer_use (guirl's /action) and OSWorld's
     pyautogui (programs through /execute), so each space plays every application's solutions in turn."""
     suite = _suite()
@@ -74,7 +76,7 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
                 devtools_endpoint(client, 9222) as devtools,
             ):
                 for index, (task_id, path) in enumerate(suite):
-                    if index % 2 != share:
+                    if index % SHARES != share:
                         continue
                     task = load_task(path)
                     solution = load_solution(SUITE / "solutions" / f"{task_id}.jsonl")
@@ -98,9 +100,8 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
         return scores
 
     async def main():
-        return await asyncio.gather(play_share(0), play_share(1))
+        return await asyncio.gather(*(play_share(i) for i in range(SHARES)))
 
-    shares = run(main(), timeout=900)
-    scores = {**shares[0], **shares[1]}
+    scores = {k: v for share in run(main(), timeout=900) for k, v in share.items()}
     assert {t: s[1] for t, s in scores.items()} == {task_id: 1.0 for task_id, _ in suite}
     assert {t: s[0] for t, s in scores.items()} == {task_id: 0.0 for task_id, _ in suite}
