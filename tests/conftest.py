@@ -24,6 +24,8 @@ for _name in ("WANDB_API_KEY", "WANDB_KEY", "WANDB_MODE"):
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 LONGEST_FIRST = (
+    "tests/contract/test_osworld_server.py",
+    "tests/integration/test_shipped_tasks.py",
     "tests/e2e/test_learning_bench.py",
     "tests/e2e/test_train_prm.py",
     "tests/chaos/test_chaos.py",
@@ -32,10 +34,8 @@ LONGEST_FIRST = (
     "tests/e2e/test_cluster.py",
     "tests/e2e/test_gui_r1.py",
     "tests/e2e/test_eval.py",
-    "tests/contract/test_osworld_server.py",
     "tests/integration/test_learner_ranks.py",
     "tests/integration/test_sglang_engine.py",
-    "tests/integration/test_shipped_tasks.py",
     "tests/integration/test_parity_media.py",
 )
 

@@ -83,21 +83,24 @@ def test_the_server_is_osworlds_and_guirl_sees_it_ready(tmp_path):
 
 def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
     """Every shipped task's reference solution scores 1 through OSWorld's server, as it does through
-    guirl's (tests/integration/test_shipped_tasks.py), in both action spaces (computer_use falls back to
-    /execute on a server without /action): setup steps, actions, getters and metrics. The two action
-    spaces play on two desktops at once (a solution's waits leave the CPU idle). The tasks of the terminals,
-    Mousepad and Calc: OSWorld's server has no tunnel to Chrome's DevTools (guirl's route), and the other
+    guirl's (tests/integration/test_shipped_tasks.py): setup steps, actions, getters and metrics. The tasks
+    alternate between the action spaces (computer_use falls back to /execute on a server without /action)
+    and are split over two desktops that play at once (a solution's waits leave the CPU idle). The tasks of
+    the terminals, Mousepad and Calc: OSWorld's server has no tunnel to Chrome's DevTools (guirl's route), and the other
     applications' setup, getters and metrics are the same calls these make."""
     suite = [(i, p) for i, p in _suite() if p.parent.name in ("terminal", "text_editor", "spreadsheet")]
 
-    async def play_suite(action_space: str) -> dict[str, float]:
+    async def play_share(share: int) -> dict[str, float]:
         scores = {}
-        async with osworld_desktop(tmp_path / action_space) as (provider, vm):
-            for task_id, path in suite:
+        async with osworld_desktop(tmp_path / f"desktop{share}") as (provider, vm):
+            for index, (task_id, path) in enumerate(suite):
+                if index % 2 != share:
+                    continue
+                action_space = ("pyautogui", "computer_use")[index // 2 % 2]
                 task = load_task(path)
                 await provider.reset(vm)
                 async with VMClient(provider.address(vm), timeout_s=60) as client:
-                    ctx = _ctx(tmp_path / action_space, task_id)
+                    ctx = _ctx(tmp_path / f"desktop{share}", task_id)
                     actions = load_solution(SUITE / "solutions" / f"{task_id}.jsonl")
                     episode = await play(task, client, actions, ctx, action_space=action_space)
                     assert episode.refused == [], (action_space, task_id, episode.refused)
@@ -106,10 +109,10 @@ def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
         return scores
 
     async def main():
-        return await asyncio.gather(play_suite("pyautogui"), play_suite("computer_use"))
+        return await asyncio.gather(play_share(0), play_share(1))
 
-    every = {task_id: 1.0 for task_id, _ in suite}
-    assert run(main(), timeout=900) == [every, every]
+    scores = {k: v for share in run(main(), timeout=900) for k, v in share.items()}
+    assert scores == {task_id: 1.0 for task_id, _ in suite}
 
 
 def test_pyautogui_programs_type_less_than_and_refuse_what_action_refuses(tmp_path):
