@@ -86,8 +86,8 @@ def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
     guirl's (tests/integration/test_shipped_tasks.py): setup steps, actions, getters and metrics. The tasks
     alternate between the action spaces (computer_use falls back to /execute on a server without /action)
     and are split over two desktops that play at once (a solution's waits leave the CPU idle). The tasks of
-    the terminals, Mousepad and Calc: OSWorld's server has no tunnel to Chrome's DevTools (guirl's route), and the other
-    applications' setup, getters and metrics are the same calls these make."""
+    the terminals, Mousepad and Calc: OSWorld's server has no tunnel to Chrome's DevTools (guirl's route),
+    and the other applications' setup, getters and metrics are the same calls these make."""
     suite = [(i, p) for i, p in _suite() if p.parent.name in ("terminal", "text_editor", "spreadsheet")]
 
     async def play_share(share: int) -> dict[str, float]:
