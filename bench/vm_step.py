@@ -64,11 +64,13 @@ async def open_app(client: VMClient, name: str) -> float:
     command, window = APPS[name]
     t = time.perf_counter()
     await client.launch(command)
-    out = await client.execute(
-        ["timeout", "120", "xdotool", "search", "--sync", "--onlyvisible", *window], timeout_s=130
-    )
-    assert out["returncode"] == 0, (name, out)
-    return time.perf_counter() - t
+    for _ in range(20):  # a window that goes while xdotool walks the tree (a splash screen) fails one search
+        out = await client.execute(
+            ["timeout", "120", "xdotool", "search", "--sync", "--onlyvisible", *window], timeout_s=130
+        )
+        if out["returncode"] == 0:
+            return time.perf_counter() - t
+    raise AssertionError((name, out))
 
 
 async def desktop_figures(provider: LocalProvider, vm: str, quick: bool) -> dict:
@@ -81,6 +83,7 @@ async def desktop_figures(provider: LocalProvider, vm: str, quick: bool) -> dict
         await provider.delete(other)
     app_s: dict[str, list[float]] = {name: [] for name in APPS}
     tree_s: dict[str, list[float]] = {"mousepad": [], "calc": []}
+    tree_nodes: dict[str, int] = {}
     async with VMClient(provider.address(vm), timeout_s=120) as client:
         for _ in range(2 if quick else 5):
             await provider.reset(vm)
@@ -89,7 +92,7 @@ async def desktop_figures(provider: LocalProvider, vm: str, quick: bool) -> dict
             t = time.perf_counter()
             await provider.reset(vm)  # every application open: the session and all it started go
             full_resets.append(time.perf_counter() - t)
-        for name in tree_s:
+        for name in list(tree_s):
             await provider.reset(vm)
             await open_app(client, name)
             await client.accessibility_tree()  # the helper's start, and the application's first answers
@@ -97,7 +100,7 @@ async def desktop_figures(provider: LocalProvider, vm: str, quick: bool) -> dict
                 t = time.perf_counter()
                 tree = await client.accessibility_tree()
                 tree_s[name].append(time.perf_counter() - t)
-            tree_s[name + "_nodes"] = sum(1 for _ in ET.fromstring(tree).iter())  # type: ignore[assignment]
+            tree_nodes[name] = sum(1 for _ in ET.fromstring(tree).iter())
         for _ in range(3 if quick else 10):
             t = time.perf_counter()
             await provider.reset(vm)
@@ -108,10 +111,8 @@ async def desktop_figures(provider: LocalProvider, vm: str, quick: bool) -> dict
         "reset_all_apps_median_s": round(statistics.median(full_resets), 3),
         "reset_all_apps_max_s": round(max(full_resets), 3),
         "app_start_median_s": {name: round(statistics.median(v), 2) for name, v in app_s.items()},
-        "a11y_tree_median_s": {
-            name: round(statistics.median(v), 3) for name, v in tree_s.items() if isinstance(v, list)
-        },
-        "a11y_tree_nodes": {name: tree_s[name + "_nodes"] for name in ("mousepad", "calc")},
+        "a11y_tree_median_s": {name: round(statistics.median(v), 3) for name, v in tree_s.items()},
+        "a11y_tree_nodes": tree_nodes,
     }
 
 
