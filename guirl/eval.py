@@ -198,7 +198,7 @@ _LOCAL_ONLY = ("env.screenshot_cursor", "env.accessibility")
 """Settings of local desktops only."""
 
 # what a run saved before a setting existed played with (where that is not the setting's default)
-_BEFORE_THEIR_KEY = {"env.screenshot_cursor": False, "env.accessibility": False}
+_BEFORE_THEIR_KEY = {"env.screenshot_cursor": False}
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:

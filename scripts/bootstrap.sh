@@ -37,7 +37,6 @@ pick() {
 }
 while read -r pkg check; do
     [[ -z "$pkg" || "$pkg" == \#* ]] && continue
-    [[ "$pkg" == *"|"* ]] && pkg=$(pick "$pkg")
     if [[ "$check" == py:* ]]; then
         "$PYTHON" -c "import ${check#py:}" >/dev/null 2>&1 || missing+=("$pkg")
     elif [[ "$check" == path:* ]]; then
@@ -58,9 +57,15 @@ if ((${#missing[@]})); then
         echo "guirl: installing system packages: ${missing[*]}"
         export DEBIAN_FRONTEND=noninteractive
         apt-get update -qq
+        for i in "${!missing[@]}"; do  # alternatives are known once apt's lists are
+            [[ "${missing[$i]}" == *"|"* ]] && missing[$i]=$(pick "${missing[$i]}" </dev/null)
+        done
         apt-get install -y -qq --no-install-recommends "${missing[@]}"
     else
         echo "guirl: these system packages are missing; install them and run make again:" >&2
+        for i in "${!missing[@]}"; do
+            [[ "${missing[$i]}" == *"|"* ]] && missing[$i]=$(pick "${missing[$i]}" </dev/null)
+        done
         echo "    sudo apt-get install ${missing[*]}" >&2
         exit 1
     fi

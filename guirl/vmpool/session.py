@@ -180,7 +180,7 @@ def enable_accessibility(env: dict[str, str]) -> None:
     def send(*argv: str) -> str:
         try:
             return subprocess.run(
-                ["dbus-send", "--print-reply", *argv],
+                ["dbus-send", "--print-reply", "--reply-timeout=5000", *argv],
                 env=env,
                 capture_output=True,
                 text=True,
@@ -204,6 +204,23 @@ def enable_accessibility(env: dict[str, str]) -> None:
         )
 
 
+A11Y_START_S = 15.0
+"""How long a desktop's start waits for its accessibility bus and registry (then it is ready without)."""
+NO_ACCESSIBILITY = "GUIRL_NO_ACCESSIBILITY"
+"""Set in the session's environment when accessibility is off (`--no-accessibility`)."""
+
+
+async def _settle(a11y: asyncio.Future) -> None:
+    try:
+        await a11y
+    except TimeoutError:
+        print(
+            f"guirl session: no accessibility bus within {A11Y_START_S:.0f} s; going on without",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 async def serve(args: argparse.Namespace, ready_out: int) -> int:
     from aiohttp import web
 
@@ -224,9 +241,10 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
         if LIBREOFFICE_GTK3.exists():
             desktop_env["SAL_USE_VCLPLUGIN"] = "gtk3"
     else:
-        desktop_env["NO_AT_BRIDGE"] = "1"  # GTK: no accessibility bridge, no bus to look for
-    # for guirl's server and OSWorld's alike (without accessibility, OSWorld's gets dbus-run-session's)
-    bus = None if args.no_accessibility else start_session_bus(dict(os.environ, **desktop_env))
+        desktop_env["NO_AT_BRIDGE"] = "1"  # GTK: no accessibility bridge
+        desktop_env[NO_ACCESSIBILITY] = "1"  # the server answers 501 for the tree
+    # for guirl's server and OSWorld's alike; applications need it with or without accessibility
+    bus = start_session_bus(dict(os.environ, **desktop_env))
     if bus is not None:
         children.append(bus[0])
         desktop_env["DBUS_SESSION_BUS_ADDRESS"] = bus[1]
@@ -234,8 +252,8 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
     os.environ.update(desktop_env)
     # the accessibility bus and registry start while the window manager does; both before the desktop is ready
     a11y = asyncio.ensure_future(
-        asyncio.to_thread(enable_accessibility, env)
-        if "DBUS_SESSION_BUS_ADDRESS" in desktop_env
+        asyncio.wait_for(asyncio.to_thread(enable_accessibility, env), A11Y_START_S)
+        if "DBUS_SESSION_BUS_ADDRESS" in desktop_env and not args.no_accessibility
         else asyncio.sleep(0)
     )
     if args.wm:
@@ -244,9 +262,9 @@ async def serve(args: argparse.Namespace, ready_out: int) -> int:
         )
         if not await asyncio.to_thread(wait_for_window_manager, display):
             print(f"guirl session: the window manager {args.wm!r} did not start", file=sys.stderr, flush=True)
-            await a11y
+            await _settle(a11y)
             return 4
-    await a11y
+    await _settle(a11y)
     server: VMServer | None = None
     runner: web.AppRunner | None = None
     if args.osworld_server:

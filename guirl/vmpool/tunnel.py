@@ -25,6 +25,9 @@ async def _pipe(
     except (aiohttp.ClientError, OSError):  # nothing listens there (yet): the connection is refused
         writer.close()
         return
+    except BaseException:  # cancelled: the forwarder is closing
+        writer.close()
+        raise
     await splice(ws, reader, writer)
 
 

@@ -59,6 +59,8 @@ class Atspi:
         """Why this desktop has no tree, once known for good (no bus, no system Python, no pyatspi)."""
 
     async def _start(self) -> asyncio.subprocess.Process:
+        if self.env.get("GUIRL_NO_ACCESSIBILITY"):
+            raise AtspiUnavailable("accessibility is off on this desktop (env.accessibility = false)")
         if not self.env.get("DBUS_SESSION_BUS_ADDRESS"):
             raise AtspiUnavailable(f"this desktop runs no D-Bus session bus (install: {INSTALL})")
         python = system_python()
@@ -84,9 +86,11 @@ class Atspi:
         except BaseException:  # cancelled: the helper goes with the request
             await _kill(proc)
             raise
-        if not hello.get("ready"):
+        if not isinstance(hello, dict) or not hello.get("ready"):
             await _kill(proc)
-            if "error" in hello:  # it ran and said why (pyatspi does not import): for good
+            if (
+                isinstance(hello, dict) and "error" in hello
+            ):  # it ran and said why (pyatspi does not import): for good
                 raise AtspiUnavailable(f"{hello['error']} (install: {INSTALL})")
             raise AtspiBusy(
                 "the accessibility helper exited at its start (its messages are in the session log)"
@@ -115,6 +119,8 @@ class Atspi:
                         ) from None
                     continue
                 if not answer.get("ok"):
+                    if answer.get("busy"):  # AT-SPI itself (the registry, the bus) did not answer
+                        raise AtspiBusy(str(answer.get("error")))
                     raise AtspiError(str(answer.get("error")))
                 return answer
         raise AssertionError("unreachable")
@@ -133,7 +139,10 @@ class Atspi:
         if not line:
             raise ConnectionResetError("the helper closed its output")
         try:
-            return json.loads(line)
+            answer = json.loads(line)
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+            return answer
         except ValueError:
             await self.close()
             raise AtspiBusy(f"the accessibility helper answered garbage: {line[:200]!r}") from None

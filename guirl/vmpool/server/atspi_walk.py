@@ -49,6 +49,11 @@ _XML_NAME = re.compile(r"[A-Za-z_][\w.-]*")
 """What may name an element or attribute (matched whole: `fullmatch`)."""
 _XML_BAD_CHARS = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
+
+class RegistryUnavailable(RuntimeError):
+    """AT-SPI's registry (or the bus) did not answer: the desktop's fault, not an application's."""
+
+
 for _prefix, _uri in NS.items():
     ET.register_namespace(_prefix, _uri)
 
@@ -193,10 +198,16 @@ class Walker:
                     return
             row_start += columns
 
+    def desktop(self) -> list:
+        """The registry's applications (RegistryUnavailable when it does not answer)."""
+        try:
+            return list(self.at.Registry.getDesktop(0))
+        except Exception as exc:
+            raise RegistryUnavailable(f"AT-SPI's registry did not answer: {exc}") from exc
+
     def tree(self) -> ET.Element:
-        desktop = self.at.Registry.getDesktop(0)
         root = ET.Element("desktop-frame")  # OSWorld's root carries no attributes
-        for app in desktop:
+        for app in self.desktop():
             if app is None:
                 continue
             try:
@@ -209,9 +220,8 @@ class Walker:
         """The text of GNOME Terminal's focused terminal in its active window, as OSWorld's `/terminal`
         reads it; None when there is none (or more than one)."""
         at = self.at
-        desktop = at.Registry.getDesktop(0)
         found: list[ET.Element] = []
-        for app in desktop:
+        for app in self.desktop():
             if app is None or app.getRoleName() != "application" or app.name != TERMINAL_APP:
                 continue
             for frame in app:
@@ -254,6 +264,8 @@ def main() -> int:
                 answer = {"ok": True, "output": walker.terminal()}
             else:
                 answer = {"ok": False, "error": f"unknown op {op!r}"}
+        except RegistryUnavailable as exc:  # the server answers 503: the desktop's fault
+            answer = {"ok": False, "busy": True, "error": str(exc)}
         except Exception as exc:  # reported to the server, which answers 500 with it
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(answer), flush=True)

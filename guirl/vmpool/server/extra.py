@@ -281,7 +281,11 @@ class ExtraRoutes:
             return web.json_response(
                 {"status": "error", "message": f"nothing answers on port {port} in the VM: {exc}"}, status=502
             )
-        await ws.prepare(request)
+        try:
+            await ws.prepare(request)
+        except BaseException:  # the client went away before the upgrade
+            writer.close()
+            raise
         await splice(ws, reader, writer)
         return ws
 
