@@ -132,12 +132,9 @@ async def _shot(args: argparse.Namespace, root: str) -> int:
     return 0
 
 
-CHROME_DEVTOOLS_PORT = 9222
-"""Where OSWorld's tasks expose Chrome's DevTools on the VM (env.chromium_port's default)."""
-
-
 async def _run(args: argparse.Namespace, root: str) -> int:
     from guirl.agent.actions import AnyAction
+    from guirl.config.schema import EnvConfig
     from guirl.vmpool.client import VMClient
     from guirl.vmpool.local import LocalProvider
     from guirl.vmpool.runner import load_solution, play
@@ -158,7 +155,7 @@ async def _run(args: argparse.Namespace, root: str) -> int:
     try:
         async with (
             VMClient(provider.address(vm), timeout_s=120) as client,
-            devtools_endpoint(client, CHROME_DEVTOOLS_PORT) as devtools,
+            devtools_endpoint(client, EnvConfig().chromium_port) as devtools,
         ):
             ctx = TaskContext(
                 task_id=task.id,

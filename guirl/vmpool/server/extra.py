@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from guirl.vmpool.server.atspi import Atspi, AtspiBusy, AtspiError, AtspiUnavailable
-from guirl.vmpool.server.http import bad_request, request_fields, splice
+from guirl.vmpool.server.http import bad_request, error_reply, request_fields, splice
 
 OPEN_FILE_TIMEOUT_S = 120.0
 """How long `/setup/open_file` waits for the file's window (OSWorld waits up to 1800 s)."""
@@ -35,7 +35,7 @@ def _unsupported(what: str) -> web.Response:
 
 def _busy(what: str) -> web.Response:
     """503: the desktop cannot give this now (an environment fault, see `guirl.vmpool.client.UNAVAILABLE`)."""
-    return web.json_response({"status": "error", "message": f"unavailable now: {what}"}, status=503)
+    return error_reply(503, f"unavailable now: {what}")
 
 
 def _wmctrl_flags(data: dict[str, Any], action: str) -> list[str]:
@@ -236,29 +236,31 @@ class ExtraRoutes:
 
     # -- accessibility ---------------------------------------------------------------------------------
 
-    async def terminal(self, _request: web.Request) -> web.Response:
-        """GNOME Terminal's focused terminal in its active window (OSWorld: `{"output", "status"}`, the
-        output null when there is none)."""
+    async def _from_atspi(self, op: str, what: str) -> dict[str, Any] | web.Response:
+        """The AT-SPI helper's answer to `op`, or the error reply: 501 (no AT-SPI here), 503 (not now), 500
+        (the walk failed, as OSWorld's server answers an exception)."""
         try:
-            answer = await self.atspi.call("terminal")
+            return await self.atspi.call(op)
         except AtspiUnavailable as exc:
-            return _unsupported(f"terminal output needs AT-SPI: {exc}")
+            return _unsupported(f"{what} needs AT-SPI: {exc}")
         except AtspiBusy as exc:
             return _busy(str(exc))
         except AtspiError as exc:
-            return web.json_response({"status": "error", "message": str(exc)}, status=500)
+            return error_reply(500, str(exc))
+
+    async def terminal(self, _request: web.Request) -> web.Response:
+        """GNOME Terminal's focused terminal in its active window (OSWorld: `{"output", "status"}`, the
+        output null when there is none)."""
+        answer = await self._from_atspi("terminal", "terminal output")
+        if isinstance(answer, web.Response):
+            return answer
         return web.json_response({"output": answer["output"], "status": "success"})
 
     async def accessibility(self, _request: web.Request) -> web.Response:
         """The whole desktop's accessibility tree, OSWorld's `{"AT": xml}`."""
-        try:
-            answer = await self.atspi.call("tree")
-        except AtspiUnavailable as exc:
-            return _unsupported(f"the accessibility tree needs AT-SPI: {exc}")
-        except AtspiBusy as exc:
-            return _busy(str(exc))
-        except AtspiError as exc:
-            return web.json_response({"status": "error", "message": str(exc)}, status=500)
+        answer = await self._from_atspi("tree", "the accessibility tree")
+        if isinstance(answer, web.Response):
+            return answer
         return web.json_response({"AT": answer["xml"]})
 
     # -- a port inside the VM ----------------------------------------------------------------------------
