@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from guirl.agent.actions import Click, Hotkey, MoveTo, TypeText
+from guirl.vmpool.apps import needed_apps
 from guirl.vmpool.client import VMClient, VMFatalError
 from guirl.vmpool.cloud import _vm_server_health
 from guirl.vmpool.local import LocalProvider
@@ -81,14 +82,40 @@ def test_the_server_is_osworlds_and_guirl_sees_it_ready(tmp_path):
     run(main(), timeout=120)
 
 
+def _one_task_per_kind(domains: tuple[str, ...]) -> list[tuple[str, Path]]:
+    """The first shipped task of each kind in `domains`: a kind is the applications a task starts, its setup
+    steps, its metric and its getters, so every call the suite makes through a VM server is made once."""
+    kinds: dict[tuple, tuple[str, Path]] = {}
+    for task_id, path in _suite():
+        if path.parent.name not in domains:
+            continue
+        task = load_task(path)
+        ev = task.evaluator
+        getters = [g for g in (*_as_list(ev.result), *_as_list(ev.expected)) if g is not None]
+        kind = (
+            tuple(sorted(app.name for app in needed_apps(task))),
+            tuple(sorted({step.type for step in task.config})),
+            tuple(task.funcs),
+            tuple(sorted({g["type"] for g in getters})),
+        )
+        kinds.setdefault(kind, (task_id, path))
+    return list(kinds.values())
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
 def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
-    """Every shipped task's reference solution scores 1 through OSWorld's server, as it does through
-    guirl's (tests/integration/test_shipped_tasks.py): setup steps, actions, getters and metrics. The tasks
-    alternate between the action spaces (computer_use falls back to /execute on a server without /action)
-    and are split over two desktops that play at once (a solution's waits leave the CPU idle). The tasks of
-    the terminals, Mousepad and Calc: OSWorld's server has no tunnel to Chrome's DevTools (guirl's route),
-    and the other applications' setup, getters and metrics are the same calls these make."""
-    suite = [(i, p) for i, p in _suite() if p.parent.name in ("terminal", "text_editor", "spreadsheet")]
+    """The shipped tasks' reference solutions score 1 through OSWorld's server, as they do through guirl's
+    (tests/integration/test_shipped_tasks.py, every task): setup steps, actions, getters and metrics, one
+    task of each kind (applications, setup steps, metric, getters). The tasks alternate between the action
+    spaces (computer_use falls back to /execute on a server without /action) and are split over two desktops
+    that play at once (a solution's waits leave the CPU idle). The tasks of the terminals, Mousepad and Calc:
+    OSWorld's server has no tunnel to Chrome's DevTools (guirl's route), and the other applications' setup,
+    getters and metrics are the same calls these make."""
+    suite = _one_task_per_kind(("terminal", "text_editor", "spreadsheet"))
+    assert {p.parent.name for _, p in suite} == {"terminal", "text_editor", "spreadsheet"}
 
     async def play_share(share: int) -> dict[str, float]:
         scores = {}
