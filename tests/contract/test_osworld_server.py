@@ -25,7 +25,7 @@ from guirl.vmpool.cloud import _vm_server_health
 from guirl.vmpool.local import LocalProvider
 from guirl.vmpool.runner import load_solution, play
 from guirl.vmpool.tasks.getters import get
-from guirl.vmpool.tasks.model import load_task
+from guirl.vmpool.tasks.model import getters_of, load_task
 from guirl.vmpool.tasks.setup import TaskContext
 from tests.helpers import osworld_dir, run
 from tests.integration.test_shipped_tasks import SUITE, _suite
@@ -90,20 +90,14 @@ def _one_task_per_kind(domains: tuple[str, ...]) -> list[tuple[str, Path]]:
         if path.parent.name not in domains:
             continue
         task = load_task(path)
-        ev = task.evaluator
-        getters = [g for g in (*_as_list(ev.result), *_as_list(ev.expected)) if g is not None]
         kind = (
             tuple(sorted(app.name for app in needed_apps(task))),
             tuple(sorted({step.type for step in task.config})),
             tuple(task.funcs),
-            tuple(sorted({g["type"] for g in getters})),
+            tuple(sorted(set(getters_of(task)))),
         )
         kinds.setdefault(kind, (task_id, path))
     return list(kinds.values())
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
