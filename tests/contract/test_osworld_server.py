@@ -84,17 +84,23 @@ def test_the_server_is_osworlds_and_guirl_sees_it_ready(tmp_path):
 
 def _one_task_per_kind(domains: tuple[str, ...]) -> list[tuple[str, Path]]:
     """The first shipped task of each kind in `domains`: a kind is the applications a task starts, its setup
-    steps, its metric and its getters, so every call the suite makes through a VM server is made once."""
+    and post-evaluation steps, its metrics, its getters, and what its reference solution does (the action
+    types, and whether it types anything but letters, digits and spaces: formulas, tabs, capitals, `<`)."""
     kinds: dict[tuple, tuple[str, Path]] = {}
     for task_id, path in _suite():
         if path.parent.name not in domains:
             continue
         task = load_task(path)
+        actions = load_solution(SUITE / "solutions" / f"{task_id}.jsonl")
+        typed = "".join(getattr(a, "text", "") for a in actions)
         kind = (
             tuple(sorted(app.name for app in needed_apps(task))),
             tuple(sorted({step.type for step in task.config})),
-            tuple(task.funcs),
+            tuple(sorted({step.type for step in task.evaluator.postconfig})),
+            tuple(sorted(set(task.funcs))),
             tuple(sorted(set(getters_of(task)))),
+            tuple(sorted({type(a).__name__ for a in actions})),
+            bool(set(typed) - set("abcdefghijklmnopqrstuvwxyz0123456789 ")),
         )
         kinds.setdefault(kind, (task_id, path))
     return list(kinds.values())
@@ -103,7 +109,7 @@ def _one_task_per_kind(domains: tuple[str, ...]) -> list[tuple[str, Path]]:
 def test_shipped_suite_scores_one_through_osworlds_server(tmp_path):
     """The shipped tasks' reference solutions score 1 through OSWorld's server, as they do through guirl's
     (tests/integration/test_shipped_tasks.py, every task): setup steps, actions, getters and metrics, one
-    task of each kind (applications, setup steps, metric, getters). The tasks alternate between the action
+    task of each kind (`_one_task_per_kind`). The tasks alternate between the action
     spaces (computer_use falls back to /execute on a server without /action) and are split over two desktops
     that play at once (a solution's waits leave the CPU idle). The tasks of the terminals, Mousepad and Calc:
     OSWorld's server has no tunnel to Chrome's DevTools (guirl's route), and the other applications' setup,

@@ -118,7 +118,7 @@ def test_train_with_the_sglang_backend_broadcasts_through_sglang_routes(tmp_path
         "--ckpt",
         tiny_ckpt,
         "--updates",
-        "2",
+        "3",
         "--max-steps",
         "2",
         *[x for s in sets for x in ("--set", s)],
@@ -128,7 +128,7 @@ def test_train_with_the_sglang_backend_broadcasts_through_sglang_routes(tmp_path
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [m["version"] for m in metrics] == [1, 2]
+    assert [m["version"] for m in metrics] == [1, 2, 3]
     published = [m for m in metrics if "publish.version" in m]
     assert published, metrics
     for m in published:
@@ -139,7 +139,7 @@ def test_train_with_the_sglang_backend_broadcasts_through_sglang_routes(tmp_path
     assert not (run_dir / "weights").exists()  # every version went by broadcast, none by the disk fallback
     assert "weight broadcast of version" not in out.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["final_version"] == 2
+    assert summary["final_version"] == 3
     # the episodes of the last version's groups were played by engines serving a broadcast version
     versions = set()
     for traj in run_dir.glob("episodes/*/*/traj.jsonl"):

@@ -11,7 +11,7 @@ import json
 import aiohttp
 import pytest
 
-from guirl.vmpool.server.atspi import Atspi, AtspiUnavailable
+from guirl.vmpool.server.atspi import Atspi, AtspiBusy, AtspiUnavailable
 from guirl.vmpool.tasks.getters import get
 from guirl.vmpool.tasks.model import parse_task
 from guirl.vmpool.tasks.setup import TaskContext, run_setup
@@ -107,5 +107,24 @@ def test_a_desktop_without_a_session_bus_says_why_it_has_no_tree():
         with pytest.raises(AtspiUnavailable, match="no D-Bus session bus.*at-spi2-core python3-pyatspi"):
             await atspi.call("tree")
         assert atspi.proc is None and "no D-Bus session bus" in (atspi.unavailable or "")
+
+    asyncio.run(main())
+
+
+def test_a_helper_that_cannot_start_is_an_environment_fault(tmp_path, monkeypatch):
+    """No fork now, or a python that cannot be run: 503 (AtspiBusy, a fault retried elsewhere), never a
+    tree of nothing a task would be scored 0 on; the next call tries again."""
+    from guirl.vmpool.server import atspi as atspi_module
+
+    not_runnable = tmp_path / "python3"
+    not_runnable.write_text("not a program")  # no exec bit: PermissionError from the fork's exec
+    monkeypatch.setattr(atspi_module, "system_python", lambda: str(not_runnable))
+
+    async def main():
+        atspi = Atspi(env={"PATH": "/usr/bin:/bin", "DBUS_SESSION_BUS_ADDRESS": "unix:path=/nonexistent"})
+        for _ in range(2):
+            with pytest.raises(AtspiBusy, match="did not start"):
+                await atspi.call("tree")
+        assert atspi.unavailable is None
 
     asyncio.run(main())

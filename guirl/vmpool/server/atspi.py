@@ -66,15 +66,18 @@ class Atspi:
         python = system_python()
         if python is None:
             raise AtspiUnavailable(f"no system python3 to read AT-SPI with (install: {INSTALL})")
-        proc = await asyncio.create_subprocess_exec(
-            python,
-            "-I",  # nothing from the user's environment or the current directory on its path
-            str(WALKER),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=self.env,
-            limit=1 << 30,  # one line per tree: a tree with a big document open is megabytes
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                python,
+                "-I",  # nothing from the user's environment or the current directory on its path
+                str(WALKER),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env=self.env,
+                limit=1 << 30,  # one line per tree: a tree with a big document open is megabytes
+            )
+        except OSError as exc:  # no fork now (EAGAIN, ENOMEM), or the python cannot be run: a fault, not a 0
+            raise AtspiBusy(f"the AT-SPI helper did not start: {exc}") from exc
         try:
             line = await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S)
             hello = json.loads(line) if line else {}

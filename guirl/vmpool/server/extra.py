@@ -28,9 +28,7 @@ OPEN_FILE_TIMEOUT_S = 120.0
 
 
 def _unsupported(what: str) -> web.Response:
-    return web.json_response(
-        {"status": "error", "message": f"unsupported on this desktop: {what}"}, status=501
-    )
+    return error_reply(501, f"unsupported on this desktop: {what}")
 
 
 def _busy(what: str) -> web.Response:
