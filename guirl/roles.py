@@ -62,6 +62,7 @@ def broker_spec(
         ckpt=ckpt,
         screen=[cfg.env.screen_width, cfg.env.screen_height],
         coordinates=cfg.agent.coordinates,
+        response_format=cfg.agent.response_format,
         judge=JudgeModel(prm=cfg.prm, ckpt=judge_ckpt) if judge_ckpt is not None else None,
         placement=placed,
         log_dir=str(run_dir / "logs"),

@@ -203,6 +203,7 @@ async def _follow(
                 name = "PRM" if role == "prm" else role
                 version = coord.learner_version
                 out.write(f"[train] fault injection: SIGKILLed the {name} (pid {pid}) at version {version}\n")
+        _print_evaluations(coord, out)
         metrics = last_json_line(run_dir / "metrics.jsonl")
         line = train_progress_line(coord, metrics, cfg.train.updates, started)
         if line.split(" · ")[:2] != last.split(" · ")[:2]:
@@ -219,8 +220,15 @@ async def _last_evaluations(coord: Any, out: TextIO, timeout_s: float = 600.0) -
         coord.progress.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(coord.progress.wait(), 5)
-    for line in coord.eval_lines:
+    _print_evaluations(coord, out)
+
+
+def _print_evaluations(coord: Any, out: TextIO) -> None:
+    """Each periodic evaluation once, as soon as its last episode is scored."""
+    for line in coord.eval_lines[coord.evals_printed :]:
         out.write(
             f"[train] evaluation at version {line['version']}: accuracy {line['accuracy']} "
             f"({line['scored']}/{line['tasks']} scored) {line['domains']}\n"
         )
+        out.flush()
+    coord.evals_printed = len(coord.eval_lines)

@@ -199,3 +199,24 @@ CLOUD_ENV = {  # what the osworld configs' Volcengine desktops need from the env
     "GUI_EVAL_TASKS": str(Path(__file__).resolve().parents[1] / "tasks" / "local" / "test.json"),
     "GUI_TRAIN_TASKS": str(Path(__file__).resolve().parents[1] / "tasks" / "local" / "train.json"),
 }
+
+
+def sharp_tiny_checkpoint(root: Path, factor: float = 20.0) -> Path:
+    """The tiny checkpoint with its LM head scaled by `factor`. The random tiny model is nearly uniform (every
+    log-prob about -log V = -6.9, +-0.2): a scorer or an update could pass by flatness, and its greedy answer
+    flips with any update; scaled, its log-probs spread over 0 .. -5 as a trained model's do."""
+    import shutil
+
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    from guirl.model.tiny import ensure_tiny_checkpoint
+
+    base = ensure_tiny_checkpoint(root / "tiny-qwen3vl")
+    sharp = root / "tiny-sharp"
+    shutil.copytree(base, sharp)
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(base), dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(factor)
+    model.save_pretrained(sharp)
+    return sharp

@@ -71,6 +71,7 @@ def make_engines(
     ckpt: str,
     screen: tuple[int, int],
     coordinates: str,
+    response_format: str = "computer_use",
     gpus: list[list[str]] | None = None,
     devices: list[str] | None = None,
     log_dir: str = "",
@@ -125,6 +126,7 @@ def make_engines(
                         s.dir,
                         screen=screen,
                         coordinates=coordinates,
+                        response_format=response_format,
                         latency_s=s.latency_s,
                         max_batch=inference.max_batch,
                     )
@@ -264,6 +266,8 @@ class BrokerOptions(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fi
     """The desktops' width and height (the engines' coordinates are relative to it)."""
     coordinates: str = "relative"
     """`agent.coordinates`: the coordinate convention of the policy's actions."""
+    response_format: str = "computer_use"
+    """`agent.response_format`: how a scripted engine writes its answers."""
     model: str = "policy"
     """The model name the policy is served under."""
     judge: JudgeModel | None = None
@@ -298,6 +302,7 @@ class InferenceBroker(Actor):
             "ckpt": options.ckpt,
             "screen": tuple(options.screen),
             "coordinates": options.coordinates,
+            "response_format": options.response_format,
             "gpus": placed.rollout_gpus,
             "devices": placed.rollout_devices,
             "log_dir": options.log_dir,

@@ -179,6 +179,8 @@ class Coordinator(Actor):
         # its version 4 is not the weights its predecessor's version 4 were
         self.eval_rounds: dict[tuple[int, int], dict[str, TaskResult]] = {}
         self.eval_lines: list[dict[str, Any]] = []
+        self.evals_printed = 0
+        """How many of `eval_lines` the driver has printed (it prints each once, as it comes)."""
         self.no_more_groups = False  # the learner is done: finish the evaluations, admit nothing new
 
     # -- requests ------------------------------------------------------------------------------------

@@ -550,7 +550,9 @@ class EnvWorker(Actor):
         a, cfg, screen = self.agent, self.prompt_cfg, self.screen
         if a.response_format == "gui_r1":
             return (
-                lambda instruction, history, shot: build_gui_r1_prompt(instruction, history, shot, cfg=cfg),
+                lambda instruction, history, shot: build_gui_r1_prompt(
+                    instruction, history, shot, cfg=cfg, actions=a.gui_r1_actions
+                ),
                 lambda text, size: parse_gui_r1(
                     text, screen=screen, image_size=size, max_calls=a.max_actions_per_step
                 ),

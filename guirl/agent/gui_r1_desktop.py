@@ -1,7 +1,8 @@
 """A GUI-R1 policy on a desktop: GUI-R1's prompt and answer format in guirl's episode loop.
 
 With `agent.response_format = "gui_r1"` an env worker asks the policy as GUI-R1 was trained — one
-screenshot, the instruction, the history of earlier actions as text, the full ("high") action space — and
+screenshot, the instruction, the history of earlier actions as text, the full ("high") action space (or,
+with `agent.gui_r1_actions = "low"`, its click-only one) — and
 reads the `<answer>` list as unified actions mapped onto typed desktop actions (`guirl/agent/unified.py`):
 the same policy that learnt on mobile, web and desktop grounding rows then acts on a real desktop. An answer
 without any usable action, or with one a desktop cannot do (open_app, close), is a policy failure
@@ -31,12 +32,18 @@ def history_text(history: list[StepRecord]) -> str:
 
 
 def build_gui_r1_prompt(
-    instruction: str, history: list[StepRecord], screenshot: bytes, *, cfg: PromptConfig
+    instruction: str,
+    history: list[StepRecord],
+    screenshot: bytes,
+    *,
+    cfg: PromptConfig,
+    actions: str = "high",
 ) -> Prompt:
     """The GUI-R1 prompt of the next step: the current screenshot (resized as the policy's images are) and
-    GUI-R1's instruction text with the earlier actions."""
+    GUI-R1's instruction text with the earlier actions, offering GUI-R1's full action space (`high`) or its
+    click-only one (`low`)."""
     size = _target_size(screenshot, cfg)
-    text = gui_r1_prompt(instruction, history_text(history), "high")
+    text = gui_r1_prompt(instruction, history_text(history), actions)
     est = image_tokens(size[1], size[0], cfg.image_factor) + IMAGE_OVERHEAD_TOKENS + len(text.encode())
     if est > cfg.max_prompt_tokens:
         raise PromptTooLong(est, cfg.max_prompt_tokens)

@@ -8,6 +8,8 @@
     guirl config show           the resolved configuration as TOML (`--describe`: every setting documented)
     guirl actor run TARGET      run one actor in the foreground (module:Class), e.g. as a replay target
     guirl tasks check PATH...   validate task files; per domain, how many guirl fully supports
+    guirl tasks generate targets --out DIR   a suite of the targets family a small model can learn
+    guirl learn                 learning on local desktops: a suite, a warm start, GRPO, the held-out curve
     guirl vm shot|run ...       a local VM: a screenshot, or a task set up, acted on and evaluated
     guirl model tiny OUTDIR     write a tiny random Qwen3-VL checkpoint (tests, demos; built offline)
     guirl prm score RUN_DIR     judge every step of a finished run's episodes (study a judge, no training)
@@ -356,6 +358,31 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0 if summary["steps"] else 1
 
 
+def cmd_learn(args: argparse.Namespace) -> int:
+    from guirl.learn import LearnPlan, run_learn
+    from guirl.log import setup_logging
+
+    from pathlib import Path
+
+    from guirl.errors import InputError
+
+    config = args.config or str(Path(__file__).resolve().parents[2] / "configs" / "desktop_learning.toml")
+    if not Path(config).is_file():
+        raise InputError(f"guirl learn: no config at {config}; pass --config (configs/desktop_learning.toml)")
+    plan = LearnPlan(
+        config=config,
+        overrides=args.set,
+        train_tasks=args.train_tasks,
+        test_tasks=args.test_tasks,
+        kinds=tuple(k for k in args.kinds.split(",") if k),
+        seed=args.seed,
+        control=args.control,
+    )
+    setup_logging("learn", level="WARNING")
+    run_learn(plan)
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     from guirl.config import describe, to_toml
 
@@ -418,6 +445,32 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
         for error in report.errors:
             print(f"guirl tasks check: {error}", file=sys.stderr)
     return 1 if report.errors else 0
+
+
+def cmd_tasks_generate(args: argparse.Namespace) -> int:
+    from guirl.errors import InputError
+    from guirl.vmpool.tasks.generate import GenerateSpec, generate
+
+    spec = GenerateSpec(
+        out=args.out,
+        train=args.train,
+        test=args.test,
+        kinds=[k for k in args.kinds.split(",") if k],
+        width=args.width,
+        height=args.height,
+        seed=args.seed,
+        hard_labels=args.hard_labels,
+    )
+    try:
+        info = generate(spec)
+    except ValueError as exc:
+        raise InputError(f"guirl tasks generate: {exc}") from exc
+    splits = ", ".join(f"{n} {k.removesuffix('.json')}" for k, n in info["tasks"].items())
+    print(
+        f"[tasks] {args.out}: targets tasks ({', '.join(spec.kinds)}) for {spec.width}x{spec.height} "
+        f"screens: {splits}"
+    )
+    return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -516,6 +569,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync", action="store_true", help="no overlap: play a batch, then train on it")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.set_defaults(func=cmd_train)
+    p = sub.add_parser(
+        "learn", help="learning on local desktops end to end: a task suite, a warm start, GRPO, the curve"
+    )
+    _config_args(p)
+    p.add_argument("--train-tasks", type=int, default=128, help="generated training tasks (default 128)")
+    p.add_argument("--test-tasks", type=int, default=64, help="generated held-out tasks (default 64)")
+    p.add_argument("--kinds", default="click", help="task kinds of the targets family (default click)")
+    p.add_argument("--seed", type=int, default=0, help="the suite's first seed (default 0)")
+    p.add_argument("--control", action="store_true", help="also run the shuffled-reward control")
+    p.set_defaults(func=cmd_learn)
     p = sub.add_parser("data", help="single-step grounding data: synthetic rows, checking a dataset file")
     from guirl.data.cli import add_arguments as data_arguments
 
@@ -561,6 +624,25 @@ def build_parser() -> argparse.ArgumentParser:
     tc = tsub.add_parser("check", help="validate task files; per domain, how many guirl fully supports")
     tc.add_argument("paths", nargs="+", metavar="PATH", help="task files, directories, or meta lists")
     tc.set_defaults(func=cmd_tasks_check)
+    tg = tsub.add_parser(
+        "generate", help="write a suite of the targets family (train, held-out test, reference solutions)"
+    )
+    tg.add_argument("family", choices=["targets"], help="the task family (guirl/vmpool/targets.py)")
+    tg.add_argument("--out", required=True, metavar="DIR", help="suite directory to write")
+    tg.add_argument("--train", type=int, default=256, help="training tasks (default 256)")
+    tg.add_argument("--test", type=int, default=64, help="held-out tasks, other seeds (default 64)")
+    tg.add_argument("--kinds", default="click", help="comma-separated: click, type, menu (default click)")
+    tg.add_argument("--width", type=int, default=640, help="screen width the tasks are drawn for")
+    tg.add_argument("--height", type=int, default=400, help="screen height the tasks are drawn for")
+    tg.add_argument("--seed", type=int, default=0, help="first training seed")
+    tg.add_argument(
+        "--hard-labels",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N colours out of train and test for a harder test-labels.json split",
+    )
+    tg.set_defaults(func=cmd_tasks_generate)
     p = sub.add_parser("vm", help="a local VM (screenshots, running a task with actions); the cloud reaper")
     from guirl.vmpool.cli import add_arguments as vm_arguments
 

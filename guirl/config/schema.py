@@ -418,6 +418,9 @@ class AgentConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Nucleus sampling mass."""
     max_new_tokens: PosInt = 512
     """Most tokens in one response."""
+    gui_r1_actions: Literal["high", "low"] = "high"
+    """With `response_format = "gui_r1"`: the action space the prompt offers, GUI-R1's full one (`high`), or
+    its click-only one (`low`: a shorter prompt, for tasks that are clicks)."""
     response_format: Literal["computer_use", "gui_r1"] = "computer_use"
     """How the policy is asked and read on a desktop: Qwen3-VL's computer-use tool calls, or GUI-R1's
     `<think>`/`<answer>` format (one screenshot, text history; a policy trained in GUI-R1 mode)."""

@@ -38,8 +38,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("roles", ("guirl.actors",)),
-    ("assembly", ("guirl.roles", "guirl.report", "guirl.chaos", "guirl.status", "guirl.runs")),
-    ("drivers", ("guirl.eval", "guirl.train", "guirl.sft", "guirl.demo", "guirl.prm_offline")),
+    ("assembly", ("guirl.roles", "guirl.report", "guirl.chaos", "guirl.status", "guirl.runs", "guirl.plot")),
+    ("drivers", ("guirl.eval", "guirl.train", "guirl.sft", "guirl.demo", "guirl.prm_offline", "guirl.learn")),
     ("command lines", ("guirl.cli", "guirl.__main__", "guirl.devtools")),
 )
 """Bottom to top: a package may import its own layer's packages (without a cycle) and any layer below."""

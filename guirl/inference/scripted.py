@@ -3,7 +3,8 @@
 `<script_dir>/<task_id>.jsonl` holds one line per step, either a typed action as `load_solution` reads
 them (`{"type": "click", "x": 10, "y": 20}`) or a recorded response (`{"response": "Action: ...\\n
 <tool_call>...</tool_call>"}`, e.g. a trajectory's lines). Step n is answered with line n rendered as
-the model would write it; past the end, with `terminate success`.
+the model would write it (Qwen3-VL's computer-use tool call, or GUI-R1's answer with
+`response_format="gui_r1"`); past the end, with `terminate success` (GUI-R1: `complete`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from guirl.agent.actions import AnyAction, Done
 from guirl.agent.imaging import image_size
 from guirl.agent.parse import Coordinates
 from guirl.agent.render import render_response
+from guirl.agent.unified import from_typed, render_answer
 from guirl.inference.base import EngineError, GenRequest, GenResult, stamp, took_weights
 from guirl.messages.weights import WeightSource
 
@@ -42,6 +44,7 @@ class ScriptedEngine:
         *,
         screen: tuple[int, int],
         coordinates: Coordinates = "relative",
+        response_format: str = "computer_use",
         latency_s: float = 0.0,
         max_batch: int = 8,
     ) -> None:
@@ -51,6 +54,9 @@ class ScriptedEngine:
         self.script_dir = Path(script_dir)
         self.screen = screen
         self.coordinates: Coordinates = coordinates
+        if response_format not in ("computer_use", "gui_r1"):
+            raise ValueError(f"response_format {response_format!r}: computer_use or gui_r1")
+        self.response_format = response_format
         self.latency_s = latency_s
         self._scripts: dict[str, list[ScriptLine]] = {}
 
@@ -84,9 +90,11 @@ class ScriptedEngine:
         if isinstance(line, str):
             return line
         seen = None
-        if self.coordinates == "absolute":
+        if self.coordinates == "absolute" or self.response_format == "gui_r1":
             seen = image_size(request.images[-1]) if request.images else self.screen
         try:
+            if self.response_format == "gui_r1":  # GUI-R1's answer, its points in the image's pixels
+                return render_answer([from_typed(line, image_size=seen, screen=self.screen)])
             return render_response([line], screen=self.screen, coordinates=self.coordinates, image_size=seen)
         except ValueError as exc:
             raise EngineError(f"{request.task_id} step {request.step}: {exc}", retryable=False) from None

@@ -9,6 +9,7 @@ local desktop can run, and why not the others.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -39,8 +40,13 @@ class App:
     """For an application a local desktop never offers: why."""
 
     def installed(self) -> bool:
-        """On the desktop's PATH (the sandbox binds /usr only: not /snap, /opt or the user's own bins)."""
-        return not self.why_not and shutil.which(self.check, path=DESKTOP_PATH) is not None
+        """On the desktop's PATH (the sandbox binds /usr only: not /snap, /opt or the user's own bins); a
+        `py:MODULE` check: importable by guirl's own Python, which local desktops run."""
+        if self.why_not:
+            return False
+        if self.check.startswith("py:"):
+            return importlib.util.find_spec(self.check[3:]) is not None
+        return shutil.which(self.check, path=DESKTOP_PATH) is not None
 
 
 APPS: tuple[App, ...] = (
@@ -75,6 +81,8 @@ APPS: tuple[App, ...] = (
     # socat exposes its DevTools port the way OSWorld's tasks do
     App("chrome", "chromium", "chromium", ("google-chrome", "chromium", "chromium-browser")),
     App("socat", "socat", "socat", ("socat",)),
+    # guirl's own targets app (`guirl tasks generate`), started as `python -m guirl.vmpool.targets`: Tk
+    App("targets", "python3-tk", "py:_tkinter", ("guirl.vmpool.targets",)),
     App(
         "vs_code",
         "",
@@ -151,6 +159,8 @@ def _apps_of(words: list[str]) -> set[App]:
     if not words:
         return set()
     name = os.path.basename(words[0])
+    if name.startswith("python") and "-m" in words[1:-1]:  # a module run by the desktop's Python
+        name = words[words.index("-m") + 1]
     if name in _BY_COMMAND:
         return {_BY_COMMAND[name]}
     if name in ("libreoffice", "soffice"):

@@ -10,7 +10,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never try the hub
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
@@ -37,8 +36,7 @@ from guirl.messages.types import (
     Trajectory,
 )
 from guirl.messages.weights import WeightsFromDisk
-from guirl.model.tiny import ensure_tiny_checkpoint
-from tests.helpers import run
+from tests.helpers import run, sharp_tiny_checkpoint
 from tests.integration.test_hf_engine import png
 
 TOL = 1e-4
@@ -49,17 +47,9 @@ WARM = SamplingParams(temperature=0.7, max_new_tokens=12, seed=5)
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny checkpoint with its LM head scaled by 20. The random tiny model is nearly uniform (every
-    log-prob about -log V = -6.9, +-0.2), which would let a wrong scorer pass by flatness; scaled, its
-    log-probs spread over 0 .. -5 as a trained model's do, and fp32 rounding is at realistic magnitudes."""
-    base = ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
-    sharp = base.parent / "tiny-sharp"
-    shutil.copytree(base, sharp)
-    model = Qwen3VLForConditionalGeneration.from_pretrained(str(base), dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-    model.save_pretrained(sharp)
-    return sharp
+    """The tiny checkpoint with its LM head scaled by 20 (`sharp_tiny_checkpoint`): fp32 rounding at realistic
+    magnitudes, and a scorer cannot pass by flatness."""
+    return sharp_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"))
 
 
 @pytest.fixture(scope="module")

@@ -140,3 +140,28 @@ def test_a_drag_renders_as_move_then_drag(tmp_path):
     (tmp_path / "drag.jsonl").write_text('{"type": "drag", "x": 0, "y": 0, "to_x": 1918, "to_y": 1079}\n')
     (text,) = _texts(ScriptedEngine("s", tmp_path, screen=SCREEN), GenRequest(task_id="drag"))
     assert _actions(text) == [MoveTo(x=0, y=0), DragTo(to_x=1918, to_y=1079)]  # on the grid: exact
+
+
+def test_gui_r1_answers_in_the_seen_images_pixels(script_dir):
+    """With `response_format="gui_r1"` a typed line is GUI-R1's answer, its point in the pixels of the
+    image the policy saw; it reads back (through GUI-R1's parser and the desktop mapping) as the line itself;
+    past the end: `complete`. A typed action GUI-R1 has no answer for is a non-retryable error."""
+    from guirl.agent.unified import parse_answer, to_typed
+
+    engine = ScriptedEngine("s", script_dir, screen=SCREEN, response_format="gui_r1")
+    seen = (480, 270)
+    texts = _texts(
+        engine,
+        *(GenRequest(task_id="typed", step=i, images=[_png(seen)]) for i in range(2)),
+        GenRequest(task_id="typed", step=3, images=[_png(seen)]),
+    )
+    answers = [parse_answer(t).actions for t in texts]
+    assert answers[0][0].action == "click" and answers[0][0].point == (240, 135)
+    assert to_typed(answers[0][0], image_size=seen, screen=SCREEN) == [Click(x=960, y=540)]
+    assert to_typed(answers[1][0], image_size=seen, screen=SCREEN) == [TypeText(text='hello "world"\n')]
+    assert answers[2][0].action == "complete"
+    with pytest.raises(EngineError, match="step 2") as err:  # `fail` has no GUI-R1 answer
+        _texts(engine, GenRequest(task_id="typed", step=2, images=[_png(seen)]))
+    assert not err.value.retryable
+    with pytest.raises(ValueError, match="response_format"):
+        ScriptedEngine("s", script_dir, screen=SCREEN, response_format="json")

@@ -1,0 +1,149 @@
+"""The targets family: layouts drawn from seeds, and the suites `guirl tasks generate` writes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guirl.vmpool.apps import needed_apps
+from guirl.vmpool.targets import COLOURS, KINDS, N_TARGETS, layout
+from guirl.vmpool.tasks.check import check
+from guirl.vmpool.tasks.generate import GenerateSpec, generate
+from guirl.vmpool.tasks.model import load_task
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_layout_is_its_seed_and_fits_the_screen(kind: str) -> None:
+    seen = set()
+    for seed in range(200):
+        lay = layout(kind, seed, 640, 400)
+        assert lay == layout(kind, seed, 640, 400)
+        boxes = [*lay.targets, *([lay.button] if lay.button else []), *([lay.field] if lay.field else [])]
+        for b in boxes:
+            assert 0 <= b.x and b.x + b.w <= 640 and 0 <= b.y and b.y + b.h <= 400, (seed, b)
+            assert b.w >= 40 and b.h >= 30  # a policy seeing the screen at 256x160 still sees it
+        for i, a in enumerate(boxes):
+            assert not any(a.overlaps(b, 0) for b in boxes[i + 1 :]), (seed, boxes)
+        if kind == "type":
+            assert lay.field is not None and not lay.targets and lay.expected == f"field {lay.goal}"
+            seen.add((lay.goal, lay.field.centre))
+        else:
+            assert len(lay.targets) == N_TARGETS and len({t.label for t in lay.targets}) == N_TARGETS
+            assert lay.goal_box().contains(*lay.goal_box().centre)
+            seen.add((lay.goal, lay.goal_box().centre))
+    assert len(seen) > 150  # the seeds draw different layouts
+
+
+def test_bad_layout_requests_are_refused() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        layout("drag", 1, 640, 400)
+    with pytest.raises(ValueError, match="too small"):
+        layout("click", 1, 100, 100)
+    with pytest.raises(ValueError, match="labels"):
+        layout("click", 1, 640, 400, ("red", "green", "blue"))
+    with pytest.raises(ValueError, match="labels"):
+        layout("click", 1, 640, 400, ("red", "green", "blue", "mauve"))
+
+
+def test_a_generated_suite_is_osworld_tasks_with_disjoint_splits(tmp_path: Path) -> None:
+    out = tmp_path / "suite"
+    info = generate(GenerateSpec(str(out), train=12, test=6, kinds=["click", "type", "menu"], hard_labels=2))
+    assert info["tasks"] == {"train.json": 12, "test.json": 6, "test-labels.json": 6}
+    hard = set(info["hard_labels"])
+    assert hard == set(list(COLOURS)[-2:])
+    metas = {n: json.loads((out / n).read_text())["targets"] for n in info["tasks"]}
+    assert not set(metas["train.json"]) & set(metas["test.json"])
+    assert not set(metas["test-labels.json"]) & (set(metas["train.json"]) | set(metas["test.json"]))
+    report = check([out / n for n in info["tasks"]])
+    assert report.errors == [] and report.domains["targets"].supported == 24
+    for name, ids in metas.items():
+        for task_id in ids:
+            task = load_task(out / "examples" / "targets" / f"{task_id}.json")
+            assert {a.name for a in needed_apps(task)} == {"targets"}
+            command = task.config[0].parameters["command"]
+            args = dict(zip(command[3::2], command[4::2], strict=True))
+            lay = layout(args["--kind"], int(args["--seed"]), 640, 400, tuple(args["--labels"].split(",")))
+            assert task.instruction == lay.instruction
+            assert task.evaluator.expected["rules"]["expected"] == lay.expected
+            shown = {t.label for t in lay.targets}
+            if name == "test-labels.json":
+                assert lay.goal in hard
+            else:
+                assert not shown & hard and lay.goal not in hard  # never shown where they are held back
+            steps = [json.loads(x) for x in (out / "solutions" / f"{task_id}.jsonl").read_text().splitlines()]
+            if lay.kind == "type":
+                assert steps == [{"type": "type", "text": lay.goal}]
+            else:
+                assert lay.goal_box().contains(steps[-1]["x"], steps[-1]["y"])
+    # generating again replaces the suite; a directory that is not one is never overwritten
+    assert generate(GenerateSpec(str(out), train=2, test=1))["tasks"] == {"train.json": 2, "test.json": 1}
+    assert not (out / "test-labels.json").exists() and len(list((out / "solutions").iterdir())) == 3
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(ValueError, match="not overwriting"):
+        generate(GenerateSpec(str(tmp_path / "mine")))
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--kinds", "click,drag"], "kinds"),
+        (["--train", "0", "--test", "0"], "not both 0"),
+        (["--hard-labels", "9"], "hard_labels"),
+        (["--kinds", "type", "--hard-labels", "2"], "asks for colours"),
+        (["--width", "100"], "too small"),
+        (["--seed", "-1"], "seed"),
+    ],
+)
+def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, flags: list[str], message: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bin" / "guirl"),
+            "tasks",
+            "generate",
+            "targets",
+            "--out",
+            str(tmp_path / "s"),
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["agent.response_format=computer_use"], "GUI-R1's format"),
+        (["env.provider=aws"], "GUI-R1's format"),
+        (["train.eval_every=0"], "train.eval_every"),
+    ],
+)
+def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
+    tmp_path: Path, sets: list[str], message: str
+) -> None:
+    args = [x for s in [f"run.root_dir={tmp_path}", *sets] for x in ("--set", s)]
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bin" / "guirl"),
+            "learn",
+            "--config",
+            str(ROOT / "configs" / "desktop_learning.toml"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert list(tmp_path.iterdir()) == []  # no run directory
