@@ -15,7 +15,7 @@ TEST_WORKERS ?= 2
 SGLANG_VERSION ?= 0.5.23
 XGRAMMAR_VERSION ?= 0.2.7
 
-.PHONY: demo demo-eval test setup setup-test bench lint clean
+.PHONY: demo demo-rl demo-eval test setup setup-test bench lint clean
 
 # the `osworld` extra: the shipped suite's tasks are scored by OSWorld's metrics (images, Chrome's pages)
 $(VENV)/.stamp-runtime: setup.cfg pyproject.toml scripts/bootstrap.sh scripts/system-packages.txt
@@ -39,9 +39,14 @@ setup: $(VENV)/.stamp-runtime
 
 setup-test: $(VENV)/.stamp-test
 
-# RL mode on this machine: a few GRPO updates of the tiny model on the local training tasks, on local
-# desktops (evaluation-only mode: `make demo-eval`; the actor runtime's transport demo: `guirl demo`)
+# Learning on local desktops (`guirl learn`): a generated suite of click tasks, a warm start by behaviour
+# cloning, GRPO with the held-out success curve, its plot (evaluation-only mode: `make demo-eval`; RL on the
+# shipped OSWorld-style tasks: `make demo-rl`; the actor runtime's transport demo: `guirl demo`)
 demo: setup
+	$(VENV)/bin/guirl learn --config configs/desktop_learning.toml --train-tasks 64 --test-tasks 32 \
+		--set train.updates=12 --set train.eval_every=4 $(ARGS)
+
+demo-rl: setup
 	$(VENV)/bin/guirl train --config configs/local_rl.toml $(ARGS)
 
 demo-eval: setup

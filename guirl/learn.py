@@ -253,13 +253,21 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
     plot = png_plot(curves, run / "curve.png", title="held-out success on local desktops (targets family)")
     print("\n" + text_plot(curves), file=out)
     gain = None if s1 is None else round(100 * (s1 - s0), 1)
+    tasks = round((s1 - s0) * plan.test_tasks) if s1 is not None else 0
     print(
         f"\n[learn] S0 {s0:.1%} -> S1 {'n/a' if s1 is None else f'{s1:.1%}'} "
-        f"({'n/a' if gain is None else f'{gain:+.1f}'} points) in {main_wall:.0f} s · plot {plot} · "
-        f"episodes in {run}/grpo/episodes",
+        f"({'n/a' if gain is None else f'{gain:+.1f}'} points: {tasks:+d} of {plan.test_tasks} held-out "
+        "tasks) "
+        f"in {main_wall:.0f} s · plot {plot} · the episodes, to look at: {run / 'grpo' / 'episodes'}",
         file=out,
         flush=True,
     )
+    if abs(tasks) <= 2:  # what a newcomer should not read into it
+        print(
+            f"[learn] a change of {abs(tasks)} task(s) is within what one evaluation's luck moves: at this "
+            "budget the run shows the loop and the warm start, not learning (docs/desktop-learning.md)",
+            file=out,
+        )
     result: dict[str, Any] = {
         "run_dir": str(run),
         "S0": s0,

@@ -359,12 +359,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
-    from guirl.learn import LearnPlan, run_learn
-    from guirl.log import setup_logging
-
     from pathlib import Path
 
     from guirl.errors import InputError
+    from guirl.learn import LearnPlan, run_learn
+    from guirl.log import setup_logging
 
     config = args.config or str(Path(__file__).resolve().parents[2] / "configs" / "desktop_learning.toml")
     if not Path(config).is_file():

@@ -69,9 +69,10 @@ READ_TIMEOUT_S = 10.0
 TITLE = "guirl targets"
 """The window's title (a task's setup waits for it to be visible)."""
 N_TARGETS = 4
-GRID = (3, 2)
-"""Targets sit in cells of a 3 x 2 grid (four of the six, drawn from the seed), each at a drawn size and place
-within its cell: a policy learns six regions of the screen, then which one holds the colour asked for."""
+GRID = (2, 2)
+"""Targets sit in the cells of a 2 x 2 grid (which colour where: drawn from the seed), each at a drawn size
+and place within its cell (the menu's button sits in the middle, clear of them): a policy learns four
+regions of the screen, then which one holds the colour asked for."""
 
 
 @dataclass(frozen=True)
@@ -163,14 +164,22 @@ def layout(kind: str, seed: int, width: int, height: int, labels: tuple[str, ...
     if kind == "type":
         field = _place(rng, width, height, [], "field", ((0.3, 0.45), (0.1, 0.14)))
         return Layout(kind, seed, width, height, rng.choice(WORDS), field=field)
-    cells = rng.sample(range(GRID[0] * GRID[1]), N_TARGETS + (kind == "menu"))
-    button = (
-        _in_cell(rng, width, height, cells.pop(), "menu", (0.45, 0.6), (0.3, 0.4)) if kind == "menu" else None
-    )
+    button = None
+    if kind == "menu":  # in the middle of the screen; the items are drawn around it
+        w, h = width // 8, height // 10
+        button = Box("menu", (width - w) // 2, (height - h) // 2, w, h)
+    cells = rng.sample(range(GRID[0] * GRID[1]), N_TARGETS)
     chosen = rng.sample(sorted(labels), N_TARGETS)
-    targets = tuple(
-        _in_cell(rng, width, height, c, label, (0.6, 0.8), (0.5, 0.68)) for c, label in zip(cells, chosen)
-    )
+    targets = []
+    for cell, label in zip(cells, chosen):
+        for _ in range(1000):
+            box = _in_cell(rng, width, height, cell, label, (0.6, 0.8), (0.5, 0.68))
+            if button is None or not box.overlaps(button, max(4, width // 80)):
+                break
+        else:
+            raise ValueError(f"no room for the menu's items on a {width}x{height} screen")
+        targets.append(box)
+    targets = tuple(targets)
     return Layout(kind, seed, width, height, rng.choice(chosen), targets, button=button)
 
 
