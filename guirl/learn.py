@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import random
 import sys
@@ -98,6 +99,13 @@ def build_policy(root: Path) -> Path:
     return out
 
 
+def noise_points(s0: float | None, s1: float | None, n: int) -> float:
+    """Two standard errors, in points, of the difference of two success rates each measured on `n` tasks."""
+    if s0 is None or s1 is None or n < 1:
+        return 0.0
+    return 200 * math.sqrt((s0 * (1 - s0) + s1 * (1 - s1)) / n)
+
+
 class _Stage:
     """Loads the recipe's config with the stage's settings on top."""
 
@@ -163,6 +171,28 @@ def _grpo(stage: _Stage, model: Path, run_dir: Path, out: TextIO, control: bool)
     }
 
 
+def _pct(x: float | None, digits: int = 1) -> str:
+    return "n/a (no episode scored)" if x is None else f"{x:.{digits}%}"
+
+
+def check_plan(plan: LearnPlan, cfg: GuirlConfig) -> None:
+    """What the recipe's settings cannot run, refused before anything starts."""
+    from guirl.vmpool.targets import KINDS
+
+    if plan.train_tasks < 1 or plan.test_tasks < 1:
+        raise InputError("guirl learn: --train-tasks and --test-tasks must be at least 1")
+    if not plan.kinds or any(k not in KINDS for k in plan.kinds):
+        raise InputError(
+            f"guirl learn: --kinds: one or more of {', '.join(KINDS)} (got {','.join(plan.kinds)})"
+        )
+    if "menu" in plan.kinds and cfg.agent.max_steps < 2:
+        raise InputError("guirl learn: menu tasks take two steps: --set agent.max_steps=2")
+    if "type" in plan.kinds and cfg.agent.gui_r1_actions != "high":
+        raise InputError(
+            'guirl learn: type tasks need a prompt that offers typing: --set agent.gui_r1_actions="high"'
+        )
+
+
 def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
     """The recipe (see the module docstring); returns (and writes to learn.json) its figures."""
     from guirl.model.tiny import count_parameters
@@ -175,6 +205,7 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
         raise InputError("guirl learn: the recipe plays local desktops in GUI-R1's format (see its config)")
     if not cfg.train.eval_every:
         raise InputError("guirl learn: train.eval_every must be set (the held-out curve)")
+    check_plan(plan, cfg)
     run = make_run_dir(cfg)
     suite = run / "suite"
     try:
@@ -218,10 +249,16 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
     )
     print(
         f"[learn] demonstrations: {played['tasks']} train tasks played by their reference solutions, "
-        f"success {played['accuracy']:.0%}, {time.time() - t0:.0f} s",
+        f"success {_pct(played['accuracy'], 0)}, {time.time() - t0:.0f} s",
         file=out,
         flush=True,
     )
+    failed = [r["task_id"] for r in played["results"] if r["status"] != "completed" or r["score"] != 1.0]
+    if failed:  # not cloned (sft.min_score): said, with which
+        print(
+            f"[learn] warning: {len(failed)} demonstration(s) did not score 1, not cloned: {failed[:5]}",
+            file=out,
+        )
     sft_cfg = stage.config(
         f"model.hf_ckpt={model}", f"sft.run_dirs=[{json.dumps(str(run / 'demonstrations'))}]"
     )
@@ -235,7 +272,7 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
         flush=True,
     )
     s0 = _evaluate(stage, warm, suite / "test.json", run / "eval-s0")["accuracy"]
-    print(f"[learn] S0 = {s0:.1%}: greedy success on the held-out tasks before GRPO", file=out, flush=True)
+    print(f"[learn] S0 = {_pct(s0)}: greedy success on the held-out tasks before GRPO", file=out, flush=True)
     print(
         f"[learn] GRPO: {cfg.train.updates} updates of {cfg.rollout.batch_size} tasks x "
         f"{cfg.rollout.n_samples_per_prompt} attempts, held-out evaluation every {cfg.train.eval_every}",
@@ -252,20 +289,20 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
     s1 = main["curve"][-1][2] if main["curve"] else None
     plot = png_plot(curves, run / "curve.png", title="held-out success on local desktops (targets family)")
     print("\n" + text_plot(curves), file=out)
-    gain = None if s1 is None else round(100 * (s1 - s0), 1)
-    tasks = round((s1 - s0) * plan.test_tasks) if s1 is not None else 0
+    gain = None if s1 is None or s0 is None else round(100 * (s1 - s0), 1)
     print(
-        f"\n[learn] S0 {s0:.1%} -> S1 {'n/a' if s1 is None else f'{s1:.1%}'} "
-        f"({'n/a' if gain is None else f'{gain:+.1f}'} points: {tasks:+d} of {plan.test_tasks} held-out "
-        "tasks) "
-        f"in {main_wall:.0f} s · plot {plot} · the episodes, to look at: {run / 'grpo' / 'episodes'}",
+        f"\n[learn] S0 {_pct(s0)} -> S1 {_pct(s1)} ({'n/a' if gain is None else f'{gain:+.1f}'} points, "
+        f"{plan.test_tasks} held-out tasks) in {main_wall:.0f} s · plot {plot} · the episodes, to look at: "
+        f"{run / 'grpo' / 'episodes'}",
         file=out,
         flush=True,
     )
-    if abs(tasks) <= 2:  # what a newcomer should not read into it
+    noise = noise_points(s0, s1, plan.test_tasks)
+    if gain is not None and abs(gain) < noise:  # what a newcomer should not read into it
         print(
-            f"[learn] a change of {abs(tasks)} task(s) is within what one evaluation's luck moves: at this "
-            "budget the run shows the loop and the warm start, not learning (docs/desktop-learning.md)",
+            f"[learn] a change of {gain:+.1f} points is within two standard errors of the two evaluations "
+            f"({noise:.1f} points for {plan.test_tasks} tasks): at this budget the run shows the loop and "
+            "the warm start, not learning (docs/desktop-learning.md)",
             file=out,
         )
     result: dict[str, Any] = {

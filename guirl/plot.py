@@ -1,7 +1,7 @@
 """Learning curves as pictures without a plotting library: a text plot for the terminal, a PNG through Pillow.
 
 A curve is a list of (version, success) points; success is a fraction in [0, 1], None where an evaluation
-scored nothing (drawn as a gap, listed as "n/a").
+scored nothing (left out of the line, listed as "n/a").
 """
 
 from __future__ import annotations

@@ -462,7 +462,7 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
     )
     try:
         info = generate(spec)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         raise InputError(f"guirl tasks generate: {exc}") from exc
     splits = ", ".join(f"{n} {k.removesuffix('.json')}" for k, n in info["tasks"].items())
     print(

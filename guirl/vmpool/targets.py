@@ -139,7 +139,7 @@ class Layout:
 
 
 def _place(rng: random.Random, width: int, height: int, taken: list[Box], label: str, size) -> Box:
-    gap = max(4, width // 80)
+    gap = max(2, min(width, height) // 50)
     for _ in range(2000):
         w = int(width * rng.uniform(*size[0]))
         h = int(height * rng.uniform(*size[1]))
@@ -174,7 +174,7 @@ def layout(kind: str, seed: int, width: int, height: int, labels: tuple[str, ...
     for cell, label in zip(cells, chosen):
         for _ in range(1000):
             box = _in_cell(rng, width, height, cell, label, (0.6, 0.8), (0.5, 0.68))
-            if button is None or not box.overlaps(button, max(4, width // 80)):
+            if button is None or not box.overlaps(button, max(2, min(width, height) // 50)):
                 break
         else:
             raise ValueError(f"no room for the menu's items on a {width}x{height} screen")
@@ -188,7 +188,9 @@ def _in_cell(rng: random.Random, width: int, height: int, cell: int, label: str,
     cw, ch = width // GRID[0], height // GRID[1]
     x0, y0 = (cell % GRID[0]) * cw, (cell // GRID[0]) * ch
     w, h = int(cw * rng.uniform(*fw)), int(ch * rng.uniform(*fh))
-    gap = max(4, width // 80)
+    gap = max(2, min(width, height) // 50)
+    if cw - w - gap < gap or ch - h - gap < gap:
+        raise ValueError(f"a {width}x{height} screen leaves no room around the targets")
     return Box(
         label, x0 + rng.randrange(gap, cw - w - gap + 1), y0 + rng.randrange(gap, ch - h - gap + 1), w, h
     )
@@ -261,6 +263,7 @@ def run_app(lay: Layout, record_path: str) -> None:  # pragma: no cover - runs o
         record.add(f"click {hit[0] if hit else 'none'}")
 
     canvas.bind("<Button-1>", on_click)
+    root.protocol("WM_DELETE_WINDOW", lambda: None)  # never closed by the policy: no answer = a fault
     if lay.field is not None:
         f = lay.field
         text = tk.StringVar(root)

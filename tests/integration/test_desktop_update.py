@@ -140,6 +140,7 @@ def test_a_rewarded_desktop_action_becomes_more_likely_in_the_serving_engine(tmp
                 await asyncio.wait_for(t, 30)
 
     rewarded, other, again, counters = run(scenario(), timeout=300)
+    assert other.response_ids.tolist() != rewarded.response_ids.tolist()  # two answers, one rewarded
     assert counters["publish.broadcast_bytes"] > 0  # the new weights went over the weight group
     assert rewarded.policy_version == -1 and again.policy_version == 1
     # the engine, serving version 1, answers the same prompt with the rewarded answer, now more likely

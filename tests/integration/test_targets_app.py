@@ -55,8 +55,12 @@ def test_each_kind_scores_its_solution_one_and_anything_else_zero(tmp_path):
                     ctx.cache_dir.mkdir()
                     await run_setup(client, task.config, ctx)
                     nothing = await evaluate(task, client, ctx)
-                    solved = await play(
-                        task, client, load_solution(suite / "solutions" / f"{task_id}.jsonl"), ctx
+                    solved = await play(  # on the app just set up and scored as it stood
+                        task,
+                        client,
+                        load_solution(suite / "solutions" / f"{task_id}.jsonl"),
+                        ctx,
+                        setup=False,
                     )
                     await provider.reset(vm)
                     wrong = await play(task, client, _wrong(task_id, suite), ctx)

@@ -88,6 +88,12 @@ def test_a_generated_suite_is_osworld_tasks_with_disjoint_splits(tmp_path: Path)
     (tmp_path / "mine" / "notes.txt").write_text("keep")
     with pytest.raises(ValueError, match="not overwriting"):
         generate(GenerateSpec(str(tmp_path / "mine")))
+    # a request that cannot be drawn leaves the suite there as it was, and nothing beside it
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    with pytest.raises(ValueError, match="too small"):
+        generate(GenerateSpec(str(out), train=2, test=1, width=100))
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "suite"]
 
 
 @pytest.mark.parametrize(
@@ -99,6 +105,8 @@ def test_a_generated_suite_is_osworld_tasks_with_disjoint_splits(tmp_path: Path)
         (["--kinds", "type", "--hard-labels", "2"], "asks for colours"),
         (["--width", "100"], "too small"),
         (["--seed", "-1"], "seed"),
+        (["--out", "/proc/version"], "not overwriting"),
+        (["--out", "/proc/guirl-suite"], "guirl tasks generate:"),
     ],
 )
 def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, flags: list[str], message: str) -> None:
@@ -126,12 +134,20 @@ def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, flags: list
         (["agent.response_format=computer_use"], "GUI-R1's format"),
         (["env.provider=aws"], "GUI-R1's format"),
         (["train.eval_every=0"], "train.eval_every"),
+        (["--kinds", "click,drag"], "--kinds"),
+        (["--kinds", "menu"], "two steps"),
+        (["--kinds", "type"], "offers typing"),
+        (["--test-tasks", "0"], "at least 1"),
     ],
 )
 def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
     tmp_path: Path, sets: list[str], message: str
 ) -> None:
-    args = [x for s in [f"run.root_dir={tmp_path}", *sets] for x in ("--set", s)]
+    flags = [x for x in sets if x.startswith("--") or not x.count("=")]  # flags, then settings
+    args = [
+        x for s in [f"run.root_dir={tmp_path}", *(s for s in sets if s not in flags)] for x in ("--set", s)
+    ]
+    args += flags
     out = subprocess.run(
         [
             sys.executable,

@@ -112,13 +112,16 @@ def generate(spec: GenerateSpec) -> dict:
     names = tuple(COLOURS)
     shown = names[: len(names) - spec.hard_labels]
     hard = names[len(names) - spec.hard_labels :]
+    for kind in spec.kinds:  # the screen size and the labels, before anything is written
+        layout(kind, spec.seed, spec.width, spec.height, shown if kind != "type" else None)
     out = Path(spec.out)
-    if out.exists() and any(out.iterdir()) and not (out / "suite.json").is_file():
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / "suite.json").is_file():
         raise ValueError(f"{out} is not empty and not a generated suite: not overwriting it")
-    for sub in ("examples", "solutions"):
-        shutil.rmtree(out / sub, ignore_errors=True)
-    (out / "examples" / DOMAIN).mkdir(parents=True)
-    (out / "solutions").mkdir(parents=True)
+    # written beside it, then swapped in: a failure leaves the old suite (or nothing) as it was
+    build = out.with_name(f".{out.name}.new-{os.getpid()}")
+    shutil.rmtree(build, ignore_errors=True)
+    (build / "examples" / DOMAIN).mkdir(parents=True)
+    (build / "solutions").mkdir(parents=True)
 
     def write(split: str, seeds: range, labels: tuple[str, ...], pick: tuple[str, ...] = ()) -> list[str]:
         kinds = [k for k in spec.kinds if not pick or k != "type"]  # the hard split asks for colours
@@ -131,34 +134,45 @@ def generate(spec: GenerateSpec) -> dict:
                 tries += 1
                 lay = layout(kind, seed + tries * 10_000_000, spec.width, spec.height, labels)
             task_id = f"targets-{split}-{kind}-{lay.seed}"
-            path = out / "examples" / DOMAIN / f"{task_id}.json"
+            path = build / "examples" / DOMAIN / f"{task_id}.json"
             path.write_text(json.dumps(task_json(lay, task_id, labels), indent=2) + "\n")
-            (out / "solutions" / f"{task_id}.jsonl").write_text(
+            (build / "solutions" / f"{task_id}.jsonl").write_text(
                 "".join(json.dumps(a) + "\n" for a in solution(lay))
             )
             ids.append(task_id)
         return ids
 
-    metas = {
-        "train.json": write("train", range(spec.seed, spec.seed + spec.train), shown),
-        "test.json": write(
-            "test", range(HELD_OUT_OFFSET + spec.seed, HELD_OUT_OFFSET + spec.seed + spec.test), shown
-        ),
-    }
-    if spec.hard_labels:
-        seeds = range(HARD_OFFSET + spec.seed, HARD_OFFSET + spec.seed + spec.test)
-        metas["test-labels.json"] = write("hard", seeds, names, hard)
-    for name in ("train.json", "test.json", "test-labels.json"):
-        path = out / name
-        if name in metas:
-            path.write_text(json.dumps({DOMAIN: metas[name]}, indent=1) + "\n")
-        elif path.exists():
-            os.remove(path)
-    info = asdict(spec) | {
+    try:
+        metas = {
+            "train.json": write("train", range(spec.seed, spec.seed + spec.train), shown),
+            "test.json": write(
+                "test", range(HELD_OUT_OFFSET + spec.seed, HELD_OUT_OFFSET + spec.seed + spec.test), shown
+            ),
+        }
+        if spec.hard_labels:
+            seeds = range(HARD_OFFSET + spec.seed, HARD_OFFSET + spec.seed + spec.test)
+            metas["test-labels.json"] = write("hard", seeds, names, hard)
+        for name, ids in metas.items():
+            (build / name).write_text(json.dumps({DOMAIN: ids}, indent=1) + "\n")
+        info = suite_info(spec, shown, hard, metas)
+        (build / "suite.json").write_text(json.dumps(info, indent=1) + "\n")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(build, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(build, out)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
+    return info
+
+
+def suite_info(spec: GenerateSpec, shown: tuple[str, ...], hard: tuple[str, ...], metas: dict) -> dict:
+    """What `suite.json` says of a suite: how it was made, its labels, its lists' sizes."""
+    return asdict(spec) | {
         "family": DOMAIN,
         "labels": list(shown),
         "hard_labels": list(hard),
         "tasks": {k: len(v) for k, v in metas.items()},
     }
-    (out / "suite.json").write_text(json.dumps(info, indent=1) + "\n")
-    return info
