@@ -130,7 +130,10 @@ class Atspi:
 
     async def _ask(self, proc: asyncio.subprocess.Process, op: str) -> dict[str, Any]:
         try:
-            proc.stdin.write(json.dumps({"op": op}).encode() + b"\n")
+            try:
+                proc.stdin.write(json.dumps({"op": op}).encode() + b"\n")
+            except RuntimeError as exc:  # the helper exited, its pipe closed: a fresh one, as for a reset
+                raise ConnectionResetError(f"the helper's input is closed: {exc}") from None
             await proc.stdin.drain()
             line = await asyncio.wait_for(proc.stdout.readline(), CALL_TIMEOUT_S)
         except TimeoutError:
