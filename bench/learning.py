@@ -46,20 +46,13 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import uvloop  # noqa: E402
 
 from guirl.config import load_config  # noqa: E402
+from guirl.learn import POLICY  # noqa: E402
 from guirl.log import setup_logging  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "gui_r1.toml"
 CACHE = ROOT / ".cache" / "learning"
-MODEL = {  # write_tiny_checkpoint's knobs
-    "hidden": 256,
-    "layers": 4,
-    "heads": 4,
-    "kv_heads": 2,
-    "vision_depth": 4,
-    "vision_hidden": 128,
-    "vision_heads": 4,
-}
+MODEL = POLICY  # write_tiny_checkpoint's knobs (the same policy `guirl learn` builds)
 TARGET_POINTS = 10.0
 
 

@@ -41,7 +41,7 @@ from guirl.errors import InputError
 from guirl.fileio import write_json_atomic
 from guirl.plot import png_plot, text_plot
 
-POLICY = {  # write_tiny_checkpoint's knobs: bench/learning.py's policy
+POLICY = {  # write_tiny_checkpoint's knobs (bench/learning.py's policy too)
     "hidden": 256,
     "layers": 4,
     "heads": 4,
