@@ -31,6 +31,7 @@ LONGEST_FIRST = (
     "tests/chaos/test_chaos.py",
     "tests/e2e/test_train.py",
     "tests/e2e/test_train_faults.py",
+    "tests/e2e/test_desktop_learning.py",
     "tests/e2e/test_cluster.py",
     "tests/e2e/test_gui_r1.py",
     "tests/e2e/test_eval.py",

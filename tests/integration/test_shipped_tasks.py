@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from pathlib import Path
 
 from guirl.vmpool.client import VMClient
@@ -62,7 +63,8 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
     and scored again (1). A task with post-evaluation steps (which change the desktop) is set up afresh for
     its solution. The suite is split over three desktops that run at once (a solution's waits leave the CPU
     idle); the tasks alternate between the two action spaces, computer_use (guirl's /action) and OSWorld's
-    pyautogui (programs through /execute), so each space plays every application's solutions in turn."""
+    pyautogui (programs through /execute), so each space plays every application's solutions in turn. A
+    solution that misses is played once more from a fresh set-up (and named in a warning)."""
     suite = _suite()
     spaces = ("computer_use", "pyautogui")
 
@@ -94,6 +96,14 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
                         ctx = _context(tmp_path, task_id, "solution", devtools)
                         episode = await play(task, client, solution, ctx, action_space=space, setup=False)
                     assert episode.refused == [], (task_id, episode.refused)
+                    if episode.score != 1.0:
+                        # once more, from a fresh set-up: a reference solution's fixed waits can fall short
+                        # on a loaded machine (CI once saw Calc's edit or save miss); a wrong solution fails
+                        # both times
+                        retried[task_id] = episode.score
+                        await provider.reset(vm)
+                        ctx = _context(tmp_path, task_id, "solution-again", devtools)
+                        episode = await play(task, client, solution, ctx, action_space=space)
                     scores[task_id] = (nothing, episode.score)
         finally:
             await provider.delete(vm)
@@ -102,6 +112,9 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
     async def main():
         return await asyncio.gather(*(play_share(i) for i in range(SHARES)))
 
+    retried: dict[str, float] = {}
     scores = {k: v for share in run(main(), timeout=900) for k, v in share.items()}
+    if retried:
+        warnings.warn(f"reference solutions that scored 1 only when played again: {retried}", stacklevel=1)
     assert {t: s[1] for t, s in scores.items()} == {task_id: 1.0 for task_id, _ in suite}
     assert {t: s[0] for t, s in scores.items()} == {task_id: 0.0 for task_id, _ in suite}
