@@ -131,25 +131,6 @@ def _evaluate(stage: _Stage, model: Path, tasks: Path, run_dir: Path, *sets: str
     return uvloop.run(run_eval(cfg, run_dir, out=io.StringIO()))
 
 
-class _Echo(io.TextIOBase):
-    """Passes on the lines of a run's output that say how it learns (its evaluations), indented."""
-
-    def __init__(self, out: TextIO, label: str) -> None:
-        self.out, self.label, self.buf = out, label, ""
-
-    def write(self, text: str) -> int:
-        self.buf += text
-        *lines, self.buf = self.buf.split("\n")
-        for line in lines:
-            if line.startswith("[train] evaluation at version"):
-                version, _, rest = line.removeprefix("[train] evaluation at version ").partition(":")
-                accuracy = rest.split("(")[0].strip().removeprefix("accuracy ")
-                shown = "n/a" if accuracy == "None" else f"{float(accuracy):.1%}"
-                print(f"[learn] {self.label}: held-out success at version {version}: {shown}", file=self.out)
-                self.out.flush()
-        return len(text)
-
-
 def _grpo(stage: _Stage, model: Path, run_dir: Path, out: TextIO, control: bool) -> dict:
     from guirl.train import run_train
 
@@ -158,7 +139,14 @@ def _grpo(stage: _Stage, model: Path, run_dir: Path, out: TextIO, control: bool)
     )
     run_dir.mkdir(parents=True)
     started = time.time()
-    summary = uvloop.run(run_train(cfg, run_dir, out=_Echo(out, "control" if control else "GRPO")))
+    label = "control" if control else "GRPO"
+
+    def said(line: dict) -> None:  # each held-out evaluation, as it completes
+        shown = "n/a" if line["accuracy"] is None else f"{line['accuracy']:.1%}"
+        print(f"[learn] {label}: held-out success at version {line['version']}: {shown}", file=out)
+        out.flush()
+
+    summary = uvloop.run(run_train(cfg, run_dir, out=io.StringIO(), on_eval=said))
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines() if x.strip()]
     return {
         "curve": [[e["version"], round(e["time"] - started, 1), e["accuracy"]] for e in evals],

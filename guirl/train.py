@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -39,10 +41,12 @@ async def run_train(
     resume: bool = False,
     out: TextIO = sys.stdout,
     cluster: Any = None,
+    on_eval: Callable[[dict], None] | None = None,
 ) -> dict:
     """Train until `train.updates` updates are made; returns (and writes) the summary. With `resume`,
     `run_dir` is a run to continue from its latest checkpoint. `cluster` (`guirl.cluster.run.ClusterRun`)
-    places the actors on hosts; none: this machine's one-host cluster."""
+    places the actors on hosts; none: this machine's one-host cluster. `on_eval` is called with each
+    periodic evaluation's line of `eval.jsonl` as soon as it is complete."""
     from guirl.cluster.run import ClusterRun
 
     cluster = cluster or ClusterRun.local(cfg)
@@ -66,7 +70,18 @@ async def run_train(
     tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
     try:
         summary = await _train(
-            cfg, run_dir, tracker, tasks, eval_tasks, ckpt, judge_ckpt, resume_from, out, placement, cluster
+            cfg,
+            run_dir,
+            tracker,
+            tasks,
+            eval_tasks,
+            ckpt,
+            judge_ckpt,
+            resume_from,
+            out,
+            placement,
+            cluster,
+            on_eval,
         )
     except BaseException:
         tracker.close(exit_code=1)
@@ -93,6 +108,7 @@ async def _train(
     out: TextIO,
     placement: Any,
     cluster: Any,
+    on_eval: Callable[[dict], None] | None = None,
 ) -> dict:
     started = time.monotonic()
     _print_plan(cfg, run_dir, len(tasks), out)
@@ -113,9 +129,11 @@ async def _train(
         tracking = Tracking(tracker, run_dir)
         watch = {"broker": broker, **({"prm": prm} if prm else {})}
         await run.follow(
-            lambda status: _follow(coord, run.sup, cfg, run_dir, out, tracking, status), out, watch=watch
+            functools.partial(_follow, coord, run.sup, cfg, run_dir, out, tracking, on_eval=on_eval),
+            out,
+            watch=watch,
         )
-        await _last_evaluations(coord, out)
+        await _last_evaluations(coord, out, on_eval)
         tracking.poll(coord, started)
         snap = coord.snapshot()  # before shutting down: stopping takes time that is not the run's
         coord.finish()
@@ -177,7 +195,14 @@ def _print_plan(cfg: GuirlConfig, run_dir: Path, n_tasks: int, out: TextIO) -> N
 
 
 async def _follow(
-    coord: Any, sup: Any, cfg: GuirlConfig, run_dir: Path, out: TextIO, tracking: Tracking, status: Any
+    coord: Any,
+    sup: Any,
+    cfg: GuirlConfig,
+    run_dir: Path,
+    out: TextIO,
+    tracking: Tracking,
+    status: Any,
+    on_eval: Callable[[dict], None] | None = None,
 ) -> None:
     """Print progress (and log it to W&B) until the learner has made its updates; fail if an actor cannot
     be kept up. Injects the `[faults]` kills when their version comes."""
@@ -203,7 +228,7 @@ async def _follow(
                 name = "PRM" if role == "prm" else role
                 version = coord.learner_version
                 out.write(f"[train] fault injection: SIGKILLed the {name} (pid {pid}) at version {version}\n")
-        _print_evaluations(coord, out)
+        _print_evaluations(coord, out, on_eval)
         metrics = last_json_line(run_dir / "metrics.jsonl")
         line = train_progress_line(coord, metrics, cfg.train.updates, started)
         if line.split(" · ")[:2] != last.split(" · ")[:2]:
@@ -212,7 +237,9 @@ async def _follow(
         last = line
 
 
-async def _last_evaluations(coord: Any, out: TextIO, timeout_s: float = 600.0) -> None:
+async def _last_evaluations(
+    coord: Any, out: TextIO, on_eval: Callable[[dict], None] | None = None, timeout_s: float = 600.0
+) -> None:
     """The updates are made: let the last evaluation finish (up to `timeout_s`), then print them all."""
     coord.no_more_groups = True
     deadline = time.monotonic() + timeout_s
@@ -220,15 +247,17 @@ async def _last_evaluations(coord: Any, out: TextIO, timeout_s: float = 600.0) -
         coord.progress.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(coord.progress.wait(), 5)
-    _print_evaluations(coord, out)
+    _print_evaluations(coord, out, on_eval)
 
 
-def _print_evaluations(coord: Any, out: TextIO) -> None:
-    """Each periodic evaluation once, as soon as its last episode is scored."""
+def _print_evaluations(coord: Any, out: TextIO, on_eval: Callable[[dict], None] | None = None) -> None:
+    """Each periodic evaluation once, as soon as its last episode is scored (and to `on_eval`)."""
     for line in coord.eval_lines[coord.evals_printed :]:
         out.write(
             f"[train] evaluation at version {line['version']}: accuracy {line['accuracy']} "
             f"({line['scored']}/{line['tasks']} scored) {line['domains']}\n"
         )
         out.flush()
+        if on_eval is not None:
+            on_eval(line)
     coord.evals_printed = len(coord.eval_lines)

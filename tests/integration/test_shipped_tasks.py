@@ -19,8 +19,8 @@ from guirl.vmpool.tunnel import devtools_endpoint
 from tests.helpers import run
 
 SUITE = Path(__file__).resolve().parents[2] / "tasks" / "local"
-SHARES = 3
-"""Desktops the suite test plays on at once."""
+SHARES = 4
+"""Desktops the suite test plays on at once (its reference solutions wait 226 s in all)."""
 
 
 def _suite() -> list[tuple[str, Path]]:
@@ -61,7 +61,7 @@ def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
     """Every task, set up once on a real local desktop: scored as set up (doing nothing: 0 on every feasible
     task, and on an infeasible one, which nothing declares infeasible), then its reference solution played
     and scored again (1). A task with post-evaluation steps (which change the desktop) is set up afresh for
-    its solution. The suite is split over three desktops that run at once (a solution's waits leave the CPU
+    its solution. The suite is split over four desktops that run at once (a solution's waits leave the CPU
     idle); the tasks alternate between the two action spaces, computer_use (guirl's /action) and OSWorld's
     pyautogui (programs through /execute), so each space plays every application's solutions in turn. A
     solution that misses is played once more from a fresh set-up (and named in a warning)."""
