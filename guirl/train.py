@@ -46,7 +46,7 @@ async def run_train(
     """Train until `train.updates` updates are made; returns (and writes) the summary. With `resume`,
     `run_dir` is a run to continue from its latest checkpoint. `cluster` (`guirl.cluster.run.ClusterRun`)
     places the actors on hosts; none: this machine's one-host cluster. `on_eval` is called with each
-    periodic evaluation's line of `eval.jsonl` as soon as it is complete."""
+    periodic evaluation's line of `eval.jsonl` as soon as it is complete (an error it raises ends the run)."""
     from guirl.cluster.run import ClusterRun
 
     cluster = cluster or ClusterRun.local(cfg)
@@ -258,6 +258,6 @@ def _print_evaluations(coord: Any, out: TextIO, on_eval: Callable[[dict], None] 
             f"({line['scored']}/{line['tasks']} scored) {line['domains']}\n"
         )
         out.flush()
-        if on_eval is not None:
-            on_eval(line)
+        if on_eval is not None:  # a copy: the line also feeds W&B and the summary
+            on_eval(dict(line))
     coord.evals_printed = len(coord.eval_lines)

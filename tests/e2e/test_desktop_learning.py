@@ -1,8 +1,9 @@
 """`bench/desktop_learning.py --quick --no-control` end to end: the targets suite, the warm start (reference
 solutions played on local desktops, behaviour cloning), S0, GRPO through the actor system with the held-out
 curve, the plots — on a small budget (the learning target is the full run's job). The shuffled-reward
-control is the same GRPO run with `train.shuffle_rewards` (tests/unit/test_shuffled_rewards.py): not run a
-second time here, to keep the suite in its budget."""
+control is the same GRPO run with `train.shuffle_rewards` (tests/unit/test_shuffled_rewards.py, and a
+learner's updates in tests/integration/test_learner_ranks.py): not run a second time here, to keep the suite
+in its budget."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from guirl.config.schema import ENV_VARS
@@ -19,6 +21,7 @@ from guirl.config.schema import ENV_VARS
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(900)
 def test_the_desktop_learning_benchmark_runs(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     out = subprocess.run(

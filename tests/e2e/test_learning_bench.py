@@ -1,5 +1,5 @@
-"""`bench/learning.py --quick` end to end: the learning proof on a small budget (its own file: the longest
-single test, which the two test workers can then balance around)."""
+"""`bench/learning.py --quick` end to end: the learning proof on a small budget (its own file: one of the
+longest tests, which the two test workers can then balance around)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_learning_benchmark_runs(tmp_path):
     """`bench/learning.py --quick --no-control`: the proof (model, SFT, A0, GRPO with its curve, A1) end to
     end on a small budget, ending with its one line of JSON (the figures are the full run's job). The control
-    is the same GRPO run with `train.shuffle_rewards` (tests/unit/test_shuffled_rewards.py; end to end in the
-    desktop bench's test): not run twice here, to keep the suite in its budget."""
+    is the same GRPO run with `train.shuffle_rewards` (tests/unit/test_shuffled_rewards.py, and a learner's
+    updates in tests/integration/test_learner_ranks.py): not run twice here, to keep the suite in budget."""
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     out = subprocess.run(
         [

@@ -179,6 +179,24 @@ def test_two_ranks_make_the_one_rank_updates(tiny: Path, one_rank, tmp_path: Pat
     assert "learner rank 1 of 2 ready" in log and "learner rank 1 stopped" in log
 
 
+def test_the_control_run_trains_on_rewards_shuffled_within_each_batch(tiny: Path, tmp_path: Path) -> None:
+    """`train.shuffle_rewards` (the learning benches' control): each update is made on its batch's rewards
+    permuted by the learner's seeded shuffle, as its advantage ledger records them."""
+    import random
+
+    from guirl.learner.batch import shuffled_rewards
+
+    groups = _groups(tiny, 2)
+    metrics = _train(tiny, tmp_path, 1, groups, shuffle_rewards=True, log_advantages=True)
+    assert [m["version"] for m in metrics] == [1, 2]
+    ledger = [json.loads(x) for x in (tmp_path / "advantages.jsonl").read_text().splitlines()]
+    for version, group in zip((1, 2), groups, strict=True):  # batch_size 1: one group an update
+        expected = shuffled_rewards(group, random.Random(f"0:{version - 1}"))  # seed 0, the version before
+        assert [t.reward for t in expected] != [t.reward for t in group]  # this seed swaps both batches
+        got = {x["episode_id"]: x["reward"] for x in ledger if x["version"] == version}
+        assert got == {t.episode_id: t.reward for t in expected}
+
+
 @pytest.mark.parametrize("first,then", [(2, 1), (1, 2)])
 def test_a_checkpoint_resumes_on_another_number_of_ranks(
     tiny: Path, one_rank, tmp_path: Path, first: int, then: int

@@ -42,7 +42,7 @@ def test_rewards_are_permuted_with_their_parts_and_nothing_else_moves():
             before.score,
         )
         assert after.steps == before.steps
-    assert [t.reward for t in trajs] == [float(i) for i in range(16)]  # the batch itself is left as it was
+    assert [(t.reward, t.reward_parts) for t in trajs] == [(float(i), {"point": float(i)}) for i in range(16)]
 
 
 def test_the_same_seed_permutes_the_same_way():
