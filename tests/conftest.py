@@ -4,7 +4,7 @@
 handed out in collection order, not xdist's default of most tests first). A file of several minutes handed
 out last keeps one worker busy while the other idles; handed out first, the short files fill in around it
 and both workers end together. The list holds the files that each take over a minute on 2 cores (measured
-with `--durations`), longest first; every other file keeps its place after them.
+with `--durations`: the sum of their tests), longest first; every other file keeps its place after them.
 """
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ for _name in ("WANDB_API_KEY", "WANDB_KEY", "WANDB_MODE"):
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 LONGEST_FIRST = (
-    "tests/contract/test_osworld_server.py",
-    "tests/integration/test_shipped_tasks.py",
-    "tests/e2e/test_learning_bench.py",
-    "tests/e2e/test_train_prm.py",
     "tests/chaos/test_chaos.py",
     "tests/e2e/test_train.py",
+    "tests/e2e/test_cluster.py",
+    "tests/e2e/test_train_prm.py",
+    "tests/integration/test_shipped_tasks.py",
+    "tests/e2e/test_eval.py",
+    "tests/e2e/test_learning_bench.py",
     "tests/e2e/test_train_faults.py",
     "tests/e2e/test_desktop_learning.py",
-    "tests/e2e/test_cluster.py",
+    "tests/contract/test_osworld_server.py",
     "tests/e2e/test_gui_r1.py",
-    "tests/e2e/test_eval.py",
     "tests/integration/test_learner_ranks.py",
     "tests/integration/test_sglang_engine.py",
     "tests/integration/test_parity_media.py",

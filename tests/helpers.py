@@ -220,3 +220,16 @@ def sharp_tiny_checkpoint(root: Path, factor: float = 20.0) -> Path:
         model.lm_head.weight.mul_(factor)
     model.save_pretrained(sharp)
     return sharp
+
+
+def shared_tiny(tmp_path_factory: Any, *, thinking: bool = False) -> Path:
+    """The tiny checkpoint (`guirl.model.tiny`), built once for the whole test run: in the run's base temp
+    directory, which both xdist workers share (building it takes ~8 s of CPU; ensure_tiny_checkpoint settles
+    two builders racing). Tests only read it."""
+    from guirl.model.tiny import ensure_tiny_checkpoint
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # <basetemp>/popen-gwN: the run's root is shared
+    name = "tiny-qwen3vl-thinking" if thinking else "tiny-qwen3vl"
+    return ensure_tiny_checkpoint(base / name, thinking=thinking)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from guirl.chaos import Schedule, check_run
+from tests.helpers import shared_tiny
 
 GAP_BOUND_S = 60.0
 """No env step for longer than this: detection (3 s of missed heartbeats) + an actor's restart (the
@@ -22,9 +23,8 @@ broker loads its model: ~10 s on 2 cores, the learner ~10 s) + one episode (2 st
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+    return str(shared_tiny(tmp_path_factory))
 
 
 TRAIN_RUNS = [

@@ -28,6 +28,7 @@ from PIL import Image
 from guirl.agent.parse import parse_response
 from guirl.agent.prompt import GUI_RL_STOP_TEXT, PromptConfig, build_prompt, gui_rl_step
 from guirl.config import load_config
+from tests.helpers import shared_tiny
 
 DATA = Path(__file__).parent / "data" / "gui_rl_prompt"
 CASES = json.loads((DATA / "cases.json").read_text())["cases"]
@@ -36,9 +37,8 @@ CASES = json.loads((DATA / "cases.json").read_text())["cases"]
 @pytest.fixture(scope="module")
 def renderer(tmp_path_factory: pytest.TempPathFactory):
     from guirl.inference.chat import ChatRenderer
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    ckpt = ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-thinking", thinking=True)
+    ckpt = shared_tiny(tmp_path_factory, thinking=True)
     return ChatRenderer.load(ckpt)
 
 

@@ -30,10 +30,9 @@ from guirl.inference.base import EngineError, GenRequest
 from guirl.inference.sglang import LaunchSpec, SGLangEngine
 from guirl.messages.types import ChatMessage, ImagePart, SamplingParams, TextPart
 from guirl.messages.weights import WeightsFromBroadcast
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.net import free_port
 from guirl.weights.broadcast import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
-from tests.helpers import run
+from tests.helpers import run, shared_tiny
 from tests.integration.test_hf_engine import png
 
 STANDIN = [sys.executable, "-m", "guirl.testing.fakes", "sglang"]
@@ -42,7 +41,7 @@ GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny")
+    return shared_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

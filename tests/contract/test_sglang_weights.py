@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from guirl.inference.sglang_api import bucket_body, init_group_body
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.net import free_port
 from guirl.weights.broadcast import (
     WeightGroupSpec,
@@ -26,6 +25,7 @@ from guirl.weights.broadcast import (
     unique_group_name,
 )
 from tests.contract.sglang_ranks import Server
+from tests.helpers import shared_tiny
 
 INIT, DESTROY = "/init_weights_update_group", "/destroy_weights_update_group"
 BEGIN, END, UPDATE = "/begin_weight_update", "/end_weight_update", "/update_weights_from_distributed"
@@ -33,7 +33,7 @@ BEGIN, END, UPDATE = "/begin_weight_update", "/end_weight_update", "/update_weig
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory):
-    ckpt = str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny"))
+    ckpt = str(shared_tiny(tmp_path_factory))
     one, two = Server(ckpt, 1), Server(ckpt, 2)
     try:
         one.wait_ready()

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster_hosts import NetnsHosts, SlurmNode, can_make_hosts, can_run_slurm
+from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, str(ROOT / "bin" / "launch_cluster")]
@@ -29,9 +30,8 @@ pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "")
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+    return str(shared_tiny(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +185,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 ROGUE = """
 import sys, zmq
+from tests.helpers import shared_tiny
 ctx = zmq.Context()
 plain = ctx.socket(zmq.DEALER); plain.connect(sys.argv[1]); plain.send(b"hello")
 public, secret = zmq.curve_keypair()

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
+from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -157,9 +158,8 @@ def test_pyautogui_action_space_and_a_suite_with_an_unsupported_task(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+    return str(shared_tiny(tmp_path_factory))
 
 
 def test_tiny_model_runs_every_task_to_an_end_state(tmp_path, tiny_ckpt):
@@ -219,8 +219,9 @@ def test_an_interrupted_eval_resumes_and_runs_are_listed(tmp_path):
     assert "2 task(s) scored earlier are kept, 4 to run" in out.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["tasks"] == 6 and summary["accuracy"] == 1.0 and summary["resumed_with"] == 2
-    # both sessions' episodes and steps: the kept tasks were not played again
-    assert summary["episodes"] == first["episodes"] + 4 == 6
+    # both sessions' episodes and steps: the kept tasks were not played again (an episode an environment
+    # fault ended is played again under a new id: counted, and counted as an env error)
+    assert summary["episodes"] - summary["env_errors"] == first["episodes"] - first["env_errors"] + 4 == 6
     played = sum(r["steps"] for r in summary["results"])  # the scored episodes'; + any retried one's
     assert summary["steps"] == played if summary["env_errors"] == 0 else summary["steps"] > played
     by_task = {r["task_id"]: r["episode_id"] for r in summary["results"]}

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
+from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -29,9 +30,8 @@ def _guirl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+    return str(shared_tiny(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
+from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -20,9 +21,8 @@ GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+    return str(shared_tiny(tmp_path_factory))
 
 
 def _local_rl(tmp_path: Path, tiny_ckpt: str, updates: int, *sets: str) -> subprocess.CompletedProcess:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
+from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -19,9 +20,8 @@ GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return str(ensure_tiny_checkpoint(tmp_path_factory.mktemp("model") / "tiny"))
+    return str(shared_tiny(tmp_path_factory))
 
 
 def _prm_train(tmp_path: Path, tiny_ckpt: str, *sets: str, updates: int = 2) -> tuple[Path, str]:

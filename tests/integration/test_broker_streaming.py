@@ -92,6 +92,8 @@ class StreamEngine:
         self.peak_calls = max(self.peak_calls, self.calls)
         self.inflight += len(batch)
         self.peak = max(self.peak, self.inflight)
+        # started as they enter (not when gather first runs each one): whoever sees `inflight` sees them too
+        self.started.extend(r.messages[0].parts[0].text for r in batch)
         try:
             return list(await asyncio.gather(*(self._one(r) for r in batch)))
         finally:
@@ -101,7 +103,6 @@ class StreamEngine:
     async def _one(self, req: GenRequest) -> GenResult:
         text = req.messages[0].parts[0].text
         version = self.policy_version
-        self.started.append(text)
         if text.startswith("bad"):
             raise EngineError(f"{text}: prompt too long", retryable=False)
         if text in self.fail_once:

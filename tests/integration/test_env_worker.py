@@ -101,14 +101,14 @@ def test_the_longest_wait_fits_in_the_execute_timeout():
     assert PYAUTOGUI_TIMEOUT_S >= longest[0].seconds + 20
 
 
-def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path):
+def test_train_mode_sends_the_exact_engine_tokens_to_the_learner(tmp_path_factory, tmp_path):
     """In train mode an episode's steps reach the learner as one `Trajectory`: the engine's exact prompt
     and response token ids and behaviour log-probs per step, each prompt image once, the outcome reward."""
     from guirl.inference.hf import HFEngine
-    from guirl.model.tiny import ensure_tiny_checkpoint
+    from tests.helpers import shared_tiny
 
     cfg = fast_config(PATIENT)
-    ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
+    ckpt = shared_tiny(tmp_path_factory)
     received: list[Trajectory] = []
 
     async def scenario():
@@ -375,14 +375,14 @@ def test_a_gui_r1_policy_acts_on_a_desktop(tmp_path):
     assert "GUI-R1" in text and "Step 1: [{'action': 'click'" in text  # the history, as text
 
 
-def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
+def test_gui_rl_prompt_style_reaches_the_engine(tmp_path_factory, tmp_path):
     """`agent.prompt_style = "gui-rl"`: what the engine receives through the broker is GUI-RL's prompt —
     the tool schema on the system message for the template's second tools block, past responses with the
     end-of-turn token they stopped on, "Execute the tool call" for a step without an `Action:` line — and
     traj.jsonl keeps the schema, so behaviour cloning rebuilds the very prompt."""
     from guirl.inference.chat import ChatRenderer
-    from guirl.model.tiny import ensure_tiny_checkpoint
     from guirl.sft import episode_samples
+    from tests.helpers import shared_tiny
 
     cfg = fast_config(PATIENT)
     scripts = tmp_path / "scripts"
@@ -430,7 +430,7 @@ def test_gui_rl_prompt_style_reaches_the_engine(tmp_path):
     (folder,) = (tmp_path / "run" / "episodes" / "t-infeasible").iterdir()
     lines = [json.loads(x) for x in (folder / "traj.jsonl").read_text().splitlines()]
     assert [line["prompt"][0]["tools"] for line in lines][-1] == [tool]
-    renderer = ChatRenderer.load(ensure_tiny_checkpoint(tmp_path / "tiny", thinking=True))
+    renderer = ChatRenderer.load(shared_tiny(tmp_path_factory, thinking=True))
     samples = episode_samples(tmp_path / "run", renderer, min_score=0.0)
     assert [s.step for s in samples] == [0, 1, 2]
     rebuilt = renderer.tokenizer.decode(samples[-1].prompt_ids, skip_special_tokens=False)

@@ -34,7 +34,7 @@ from guirl.learner.fsdp import split_for_rank
 from guirl.learner.samples import TrainSample, pack_microbatches
 from guirl.learner.step import train_step
 from guirl.messages.types import ChatMessage, ImagePart, TextPart
-from guirl.model.tiny import ensure_tiny_checkpoint
+from tests.helpers import shared_tiny
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 120.0  # torchrun + 2 ranks importing torch/transformers + 3 steps take ~15 s on 2 cores
@@ -225,7 +225,7 @@ def torchrun(nproc: int, ckpt: Path, out_dir: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+    return shared_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -20,15 +20,14 @@ from guirl.inference.chat import ChatRenderer
 from guirl.inference.hf import HFEngine
 from guirl.messages.types import ChatMessage, ImagePart, SamplingParams, TextPart
 from guirl.messages.weights import SGLangBucket, WeightGroupSpec, WeightsFromBroadcast, WeightsFromDisk
-from guirl.model.tiny import ensure_tiny_checkpoint
-from tests.helpers import run
+from tests.helpers import run, shared_tiny
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=12)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+    return shared_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ from guirl.messages.types import (
     TextPart,
     Trajectory,
 )
-from guirl.model.tiny import ensure_tiny_checkpoint
-from tests.helpers import client_actor, fast_config, run
+from tests.helpers import client_actor, fast_config, run, shared_tiny
 
 
 def _ask(i: int) -> PolicyRequest:
@@ -59,9 +58,9 @@ def _trajectory(i: int, reply: PolicyResponse, reward: float) -> Trajectory:
 
 
 @pytest.mark.parametrize("weight_sync", ["broadcast", "disk"])
-def test_one_update_reaches_the_engines(tmp_path, weight_sync):
+def test_one_update_reaches_the_engines(tmp_path_factory, tmp_path, weight_sync):
     cfg = fast_config()
-    ckpt = str(ensure_tiny_checkpoint(tmp_path / "tiny"))
+    ckpt = str(shared_tiny(tmp_path_factory))
 
     async def scenario():
         broker = InferenceBroker(

@@ -25,9 +25,8 @@ from guirl.messages import LearnerChannel
 from guirl.messages.blob import Blob
 from guirl.messages.types import ChatMessage, ImagePart, TextPart, Trajectory
 from guirl.messages.types import Image as WireImage
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.runtime.errors import FatalError
-from tests.helpers import client_actor, fast_config, one_step_trajectory, run
+from tests.helpers import client_actor, fast_config, one_step_trajectory, run, shared_tiny
 
 TRAIN = {"lr": 1e-3, "updates": 2, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}
 # Adam's first steps are sign-like: each element moves by ~lr * g / (|g| + eps). Where |g| is within
@@ -136,7 +135,7 @@ def _assert_same_update(got: dict[str, torch.Tensor], ref: dict[str, torch.Tenso
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+    return shared_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -23,10 +23,9 @@ from guirl.messages.types import (
     TextPart,
     Trajectory,
 )
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.runtime.process import ActorSpec
 from guirl.runtime.supervisor import Supervisor
-from tests.helpers import client_actor, fast_config, one_step_trajectory, run
+from tests.helpers import client_actor, fast_config, one_step_trajectory, run, shared_tiny
 
 TRAIN = {"lr": 1e-3, "updates": 3, "checkpoint_every": 1, "weight_sync": "disk", "tis_cap": 2.0}
 
@@ -64,9 +63,9 @@ async def _send_in_step(conn, groups) -> None:
         assert await _send(conn, group) == ["accepted"] * len(group)
 
 
-def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path_factory, tmp_path):
     cfg = fast_config()
-    ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
+    ckpt = shared_tiny(tmp_path_factory)
     groups = _groups(ckpt)
     straight, broken = tmp_path / "straight", tmp_path / "broken"
 

@@ -12,14 +12,14 @@ from guirl.inference.chat import ChatRenderer
 from guirl.learner.logprobs import token_logprobs
 from guirl.learner.samples import collate
 from guirl.learner.step import train_step
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.sft import sft_samples
+from tests.helpers import shared_tiny
 
 
-def test_the_sft_step_is_a_token_mean_nll_step(tmp_path):
+def test_the_sft_step_is_a_token_mean_nll_step(tmp_path_factory, tmp_path):
     from transformers import Qwen3VLForConditionalGeneration
 
-    ckpt = ensure_tiny_checkpoint(tmp_path / "tiny")
+    ckpt = shared_tiny(tmp_path_factory)
     renderer = ChatRenderer.load(ckpt)
     rows = list(synthesize(3, seed=4, split="train", sizes=((320, 240),)))
     samples = sft_samples(rows, renderer, PromptConfig(max_pixels=160 * 160, min_pixels=32 * 32))

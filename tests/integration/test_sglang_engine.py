@@ -28,10 +28,9 @@ from guirl.inference.sglang import LaunchSpec, SGLangEngine
 from guirl.messages import PolicyChannel
 from guirl.messages.types import ChatMessage, PolicyRequest, SamplingParams, TextPart
 from guirl.messages.weights import SGLangBucket, WeightsFromBroadcast, WeightsFromDisk
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.testing.fakes import FakeSGLangServer
 from guirl.weights.broadcast import WeightGroupSpec, WeightSender, sglang_buckets, unique_group_name
-from tests.helpers import client_actor, fast_config, run
+from tests.helpers import client_actor, fast_config, run, shared_tiny
 from tests.integration.test_hf_engine import png, screenshot_request
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=10)
@@ -41,7 +40,7 @@ STANDIN = [sys.executable, "-m", "guirl.testing.fakes", "sglang"]
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+    return shared_tiny(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from guirl.messages.weights import WeightsFromBroadcast
-from guirl.model.tiny import ensure_tiny_checkpoint
 from guirl.weights.broadcast import (
     WeightGroupSpec,
     WeightGroupTimeout,
@@ -29,13 +28,14 @@ from guirl.weights.broadcast import (
     WeightSender,
     state_digest,
 )
+from tests.helpers import shared_tiny
 
 REPLY_TIMEOUT_S = 60.0  # a generous bound on any one step of the engine process (spawn + load ≈ 5 s)
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+    return shared_tiny(tmp_path_factory)
 
 
 def free_port() -> int:

@@ -31,7 +31,7 @@ from guirl.messages.types import (
     WeightsPublished,
 )
 from guirl.messages.weights import WeightGroupSpec, WeightsFromBroadcast
-from tests.helpers import client_actor, fast_config, run
+from tests.helpers import client_actor, fast_config, run, shared_tiny
 
 NEVER_S = 600.0  # the group's transfer timeout (which joining waited for before): far past the deadline
 JOIN_S = 15.0  # joining the group now waits this long; the update must be abandoned well before
@@ -39,9 +39,8 @@ JOIN_S = 15.0  # joining the group now waits this long; the update must be aband
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from guirl.model.tiny import ensure_tiny_checkpoint
 
-    return ensure_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-qwen3vl")
+    return shared_tiny(tmp_path_factory)
 
 
 def _unused_port() -> int:
