@@ -359,6 +359,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_learn(args: argparse.Namespace) -> int:
+    import os
     from pathlib import Path
 
     from guirl.errors import InputError
@@ -378,6 +379,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         control=args.control,
     )
     setup_logging("learn", level="WARNING")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # no bar for writing the policy's shards
     run_learn(plan)
     return 0
 
