@@ -22,6 +22,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections import Counter
@@ -36,6 +37,8 @@ CACHE = ROOT / ".cache" / "targets-rows"
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"
 """The app's font (Tk's "DejaVu Sans" bold; Debian's fonts-dejavu-core)."""
 WIDTH, HEIGHT = 640, 400
+ROWS_FORMAT = 1
+"""Part of the rows' cache key: bump it when `render` or `rows` changes what they draw."""
 TEST_SEEDS = 1_000_000
 """Held-out rows start here (as `guirl tasks generate` numbers its test split)."""
 
@@ -90,11 +93,17 @@ def rows_file(n: int, first_seed: int, targets: int) -> Path:
     """The rows, written once under .cache/targets-rows."""
     from guirl.data.rows import write_rows_jsonl
 
-    path = CACHE / f"rows-{n}-{first_seed}-{targets}" / "rows.jsonl"
+    path = CACHE / f"rows-v{ROWS_FORMAT}-{n}-{first_seed}-{targets}" / "rows.jsonl"
     if not path.exists():
         tmp = path.parent.with_name(path.parent.name + f".tmp{os.getpid()}")
-        write_rows_jsonl(rows(n, first_seed, targets), tmp / "rows.jsonl")
-        os.replace(tmp, path.parent)
+        try:
+            write_rows_jsonl(rows(n, first_seed, targets), tmp / "rows.jsonl")
+            os.replace(tmp, path.parent)
+        except OSError:
+            if not path.exists():  # not another run's complete copy: a real error
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return path
 
 
@@ -102,13 +111,19 @@ def spread(run_dir: Path) -> dict:
     """How the greedy answers spread: the distinct 32-pixel cells of the image shown they point into, and
     the share of the commonest (a policy that ignores the screen answers one point)."""
     cells: Counter = Counter()
+    malformed = 0
+    number = r"(-?\d+(?:\.\d+)?)"
     for traj in run_dir.glob("episodes/*/*/traj.jsonl"):
         for line in traj.read_text().splitlines():
-            m = re.search(r"'point': \[(\d+), (\d+)\]", json.loads(line).get("response", ""))
-            cells[(int(m[1]) // 32, int(m[2]) // 32) if m else "malformed"] += 1
+            found = re.findall(rf"'point': \[{number}, {number}\]", json.loads(line).get("response", ""))
+            if found:  # the last answer's point, as the parser takes the last answer
+                x, y = (float(v) for v in found[-1])
+                cells[(int(x // 32), int(y // 32))] += 1
+            else:
+                malformed += 1
     total = sum(cells.values())
     commonest = cells.most_common(1)[0][1] / total if total else 0.0
-    return {"cells": len(cells), "commonest_share": round(commonest, 3)}
+    return {"cells": len(cells), "commonest_share": round(commonest, 3), "no_point": malformed}
 
 
 def main() -> None:

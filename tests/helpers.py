@@ -229,7 +229,7 @@ def shared_tiny(tmp_path_factory: Any, *, thinking: bool = False) -> Path:
     from guirl.model.tiny import ensure_tiny_checkpoint
 
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent  # <basetemp>/popen-gwN: the run's root is shared
+    if base.name == f"popen-{os.environ.get('PYTEST_XDIST_WORKER')}":
+        base = base.parent  # <basetemp>/popen-gwN: the run's root, shared by its workers
     name = "tiny-qwen3vl-thinking" if thinking else "tiny-qwen3vl"
     return ensure_tiny_checkpoint(base / name, thinking=thinking)

@@ -23,7 +23,6 @@ broker loads its model: ~10 s on 2 cores, the learner ~10 s) + one episode (2 st
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-
     return str(shared_tiny(tmp_path_factory))
 
 

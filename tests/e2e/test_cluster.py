@@ -30,7 +30,6 @@ pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "")
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-
     return str(shared_tiny(tmp_path_factory))
 
 

@@ -158,7 +158,6 @@ def test_pyautogui_action_space_and_a_suite_with_an_unsupported_task(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-
     return str(shared_tiny(tmp_path_factory))
 
 

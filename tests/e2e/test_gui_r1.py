@@ -30,7 +30,6 @@ def _guirl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-
     return str(shared_tiny(tmp_path_factory))
 
 

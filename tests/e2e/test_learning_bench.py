@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from guirl.config.schema import ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(660)  # above the subprocess's own 600 s
 def test_the_learning_benchmark_runs(tmp_path):
     """`bench/learning.py --quick --no-control`: the proof (model, SFT, A0, GRPO with its curve, A1) end to
     end on a small budget, ending with its one line of JSON (the figures are the full run's job). The control

@@ -22,7 +22,6 @@ GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
 
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory):
-
     return str(shared_tiny(tmp_path_factory))
 
 

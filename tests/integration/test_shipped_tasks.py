@@ -59,7 +59,7 @@ def _context(tmp_path: Path, task_id: str, label: str, devtools: str | None) -> 
     return ctx
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(960)  # above the run's own 900 s: its failure, not a stack dump
 def test_reference_solutions_score_one_and_doing_nothing_scores_zero(tmp_path):
     """Every task, set up once on a real local desktop: scored as set up (doing nothing: 0 on every feasible
     task, and on an infeasible one, which nothing declares infeasible), then its reference solution played

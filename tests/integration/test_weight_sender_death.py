@@ -39,7 +39,6 @@ JOIN_S = 15.0  # joining the group now waits this long; the update must be aband
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
-
     return shared_tiny(tmp_path_factory)
 
 
