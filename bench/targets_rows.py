@@ -47,15 +47,14 @@ def render(lay) -> bytes:
     """The screen the targets app shows for `lay` (kind click), as PNG bytes."""
     from PIL import Image, ImageDraw, ImageFont
 
-    from guirl.vmpool.targets import COLOURS
+    from guirl.vmpool.targets import COLOURS, font_size, text_colour
 
     im = Image.new("RGB", (lay.width, lay.height), "#e8e8e8")
     draw = ImageDraw.Draw(im)
-    font = ImageFont.truetype(FONT, max(10, lay.height // 28))
+    font = ImageFont.truetype(FONT, font_size(lay.height))
     for b in lay.targets:
         draw.rectangle([b.x, b.y, b.x + b.w, b.y + b.h], fill=COLOURS[b.label], outline="#333333")
-        text = "#111111" if b.label in ("orange", "yellow", "pink", "cyan") else "#ffffff"
-        draw.text(b.centre, b.label, fill=text, font=font, anchor="mm")
+        draw.text(b.centre, b.label, fill=text_colour(b.label), font=font, anchor="mm")
     buf = io.BytesIO()
     im.save(buf, "PNG")
     return buf.getvalue()

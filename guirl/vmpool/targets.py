@@ -218,6 +218,16 @@ class _Record:
         _write(self.path, "\n".join([*self.events, *([f"field {self.field}"] if self.field else [])]))
 
 
+def font_size(height: int) -> int:
+    """The labels' font size on a screen `height` pixels high."""
+    return max(10, height // 28)
+
+
+def text_colour(label: str) -> str:
+    """A label's text colour: dark on the light colours, white on the others."""
+    return "#111111" if label in ("orange", "yellow", "pink", "cyan") else "#ffffff"
+
+
 def run_app(lay: Layout, record_path: str) -> None:  # pragma: no cover - runs on a desktop (tested there)
     import tkinter as tk
 
@@ -237,10 +247,10 @@ def run_app(lay: Layout, record_path: str) -> None:  # pragma: no cover - runs o
         if os.path.exists(stale):
             os.remove(stale)
     record = _Record(record_path)
-    font = ("DejaVu Sans", max(10, lay.height // 28), "bold")
+    font = ("DejaVu Sans", font_size(lay.height), "bold")
 
     def draw(box: Box, fill: str, state: str = "normal", tag: str = "") -> None:
-        text = "#111111" if box.label in ("orange", "yellow", "pink", "cyan") else "#ffffff"
+        text = text_colour(box.label)
         canvas.create_rectangle(
             box.x, box.y, box.x + box.w, box.y + box.h, fill=fill, outline="#333333", state=state, tags=tag
         )
