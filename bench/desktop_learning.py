@@ -39,6 +39,7 @@ def main() -> None:
     p.add_argument("--test-tasks", type=int, default=64)
     p.add_argument("--kinds", default="click")
     p.add_argument("--seed", type=int, default=0, help="the suite's first seed (another seed: other layouts)")
+    p.add_argument("--goals", default="red", help="colours the tasks ask for, comma-separated, or 'any'")
     p.add_argument("--updates", type=int, default=0, help="GRPO updates (default: the config's)")
     p.add_argument(
         "--eval-every", type=int, default=0, help="versions between evaluations (default: the config's)"
@@ -67,6 +68,7 @@ def main() -> None:
         test_tasks=args.test_tasks,
         kinds=tuple(args.kinds.split(",")),
         seed=args.seed,
+        goals=None if args.goals == "any" else tuple(args.goals.split(",")),
         control=not args.no_control,
     )
     started = time.time()

@@ -7,9 +7,11 @@ actor system (dataset workers instead of desktops: a few seconds an update) with
 
 It separates what the policy can learn from what the desktops cost: `bench/desktop_learning.py` plays the
 same family on local desktops. With `--targets 1` only the goal's target is drawn (no distractors: finding
-a target, not reading its colour).
+a target, not reading its colour); with `--goals red` every row asks for red, among distractors of the other
+colours (as `guirl learn`'s default suite).
 
-    python bench/targets_rows.py [--train-n 512] [--heldout-n 64] [--epochs 8] [--targets 4] [--updates 0]
+    python bench/targets_rows.py [--train-n 512] [--heldout-n 64] [--epochs 8] [--targets 4] [--goals red]
+        [--labels red,green,...] [--updates 0] [--eval-every 10] [--lr 1e-4]
 
 Prints each stage, then one line of JSON.
 """
@@ -60,18 +62,22 @@ def render(lay) -> bytes:
     return buf.getvalue()
 
 
-def rows(n: int, first_seed: int, targets: int = 4) -> list:
-    """`n` click rows from seeds `first_seed`...; with `targets` 1, the goal's target alone is drawn."""
+def rows(
+    n: int, first_seed: int, targets: int = 4, labels: tuple | None = None, goals: tuple | None = None
+) -> list:
+    """`n` click rows from seeds `first_seed`...; with `targets` 1, the goal's target alone is drawn;
+    `labels` and `goals` are `layout`'s (the colours drawn, and those asked for)."""
     from guirl.data.rows import GroundingRow
     from guirl.vmpool.targets import layout
 
     out = []
     for seed in range(first_seed, first_seed + n):
-        lay = layout("click", seed, WIDTH, HEIGHT)
-        goal = lay.goal_box()
+        lay = layout("click", seed, WIDTH, HEIGHT, labels, goals)
+        goal_box = lay.goal_box()
         if targets == 1:
-            lay = dataclasses.replace(lay, targets=(goal,))
-        box = (goal.x / WIDTH, goal.y / HEIGHT, (goal.x + goal.w) / WIDTH, (goal.y + goal.h) / HEIGHT)
+            lay = dataclasses.replace(lay, targets=(goal_box,))
+        g = goal_box
+        box = (g.x / WIDTH, g.y / HEIGHT, (g.x + g.w) / WIDTH, (g.y + g.h) / HEIGHT)
         out.append(
             GroundingRow(
                 id=f"targets-click-{seed}",
@@ -88,15 +94,18 @@ def rows(n: int, first_seed: int, targets: int = 4) -> list:
     return out
 
 
-def rows_file(n: int, first_seed: int, targets: int) -> Path:
+def rows_file(
+    n: int, first_seed: int, targets: int, labels: tuple | None = None, goals: tuple | None = None
+) -> Path:
     """The rows, written once under .cache/targets-rows."""
     from guirl.data.rows import write_rows_jsonl
 
-    path = CACHE / f"rows-v{ROWS_FORMAT}-{n}-{first_seed}-{targets}" / "rows.jsonl"
+    variant = (f"-{'.'.join(labels)}" if labels else "") + (f"-goals.{'.'.join(goals)}" if goals else "")
+    path = CACHE / f"rows-v{ROWS_FORMAT}-{n}-{first_seed}-{targets}{variant}" / "rows.jsonl"
     if not path.exists():
         tmp = path.parent.with_name(path.parent.name + f".tmp{os.getpid()}")
         try:
-            write_rows_jsonl(rows(n, first_seed, targets), tmp / "rows.jsonl")
+            write_rows_jsonl(rows(n, first_seed, targets, labels, goals), tmp / "rows.jsonl")
             os.replace(tmp, path.parent)
         except OSError:
             if not path.exists():  # not another run's complete copy: a real error
@@ -130,6 +139,8 @@ def main() -> None:
     p.add_argument("--train-n", type=int, default=512)
     p.add_argument("--heldout-n", type=int, default=64)
     p.add_argument("--targets", type=int, choices=(1, 4), default=4)
+    p.add_argument("--labels", default="", help="the colours drawn from, comma-separated (default: all)")
+    p.add_argument("--goals", default="", help="the colours asked for, comma-separated (default: any drawn)")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=5e-4)
     p.add_argument("--updates", type=int, default=0, help="GRPO updates after the warm start (0: none)")
@@ -149,8 +160,10 @@ def main() -> None:
 
     setup_logging("bench", level="WARNING")
     started = time.time()
-    train = rows_file(args.train_n, 0, args.targets)
-    heldout = rows_file(args.heldout_n, TEST_SEEDS, args.targets)
+    labels = tuple(args.labels.split(",")) if args.labels else None
+    goals = tuple(args.goals.split(",")) if args.goals else None
+    train = rows_file(args.train_n, 0, args.targets, labels, goals)
+    heldout = rows_file(args.heldout_n, TEST_SEEDS, args.targets, labels, goals)
     policy = build_policy(CACHE / "models")
     run = Path(args.run or CACHE / f"run-{time.strftime('%Y%m%d-%H%M%S')}")
     run.mkdir(parents=True, exist_ok=True)

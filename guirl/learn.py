@@ -63,6 +63,8 @@ class LearnPlan:
     kinds: tuple[str, ...] = ("click",)
     seed: int = 0
     """The suite's first seed (another seed: other layouts)."""
+    goals: tuple[str, ...] | None = ("red",)
+    """The colours the click tasks ask for (None: any colour drawn; see docs/desktop-learning.md)."""
     control: bool = False
     """Also run the shuffled-reward control."""
 
@@ -165,8 +167,10 @@ def _pct(x: float | None, digits: int = 1) -> str:
 
 def check_plan(plan: LearnPlan, cfg: GuirlConfig) -> None:
     """What the recipe's settings cannot run, refused before anything starts."""
-    from guirl.vmpool.targets import KINDS
+    from guirl.vmpool.targets import COLOURS, KINDS
 
+    if plan.goals is not None and (not plan.goals or any(g not in COLOURS for g in plan.goals)):
+        raise InputError(f"guirl learn: --goals: one or more of {', '.join(COLOURS)}, or 'any'")
     if plan.train_tasks < 1 or plan.test_tasks < 1:
         raise InputError("guirl learn: --train-tasks and --test-tasks must be at least 1")
     if not plan.kinds or any(k not in KINDS for k in plan.kinds):
@@ -206,6 +210,7 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
                 width=cfg.env.screen_width,
                 height=cfg.env.screen_height,
                 seed=plan.seed,
+                goals=None if plan.goals is None else list(plan.goals),
             )
         )
     except ValueError as exc:
@@ -219,7 +224,8 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
     params = count_parameters(model)
     print(
         f"[learn] run directory {run}\n[learn] {plan.train_tasks} train and {plan.test_tasks} held-out tasks "
-        f"({', '.join(plan.kinds)}) on {cfg.env.screen_width}x{cfg.env.screen_height} local desktops · "
+        f"({', '.join(plan.kinds)}; asking for {' or '.join(plan.goals or ('any colour',))})"
+        f" on {cfg.env.screen_width}x{cfg.env.screen_height} local desktops · "
         "policy "
         f"{params / 1e6:.2f} M parameters",
         file=out,

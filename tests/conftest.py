@@ -1,4 +1,4 @@
-"""The suite's order: its longest files first.
+"""The suite's order (its longest files first), and its shared fixtures.
 
 `make test` runs files on two pytest-xdist workers (`--dist loadfile --no-loadscope-reorder`: files are
 handed out in collection order, not xdist's default of most tests first). A file of several minutes handed
@@ -10,6 +10,10 @@ with `--durations`: the sum of their tests), longest first; every other file kee
 from __future__ import annotations
 
 import os
+
+import pytest
+
+from tests.helpers import shared_tiny
 
 # No run of the suite logs to W&B with the caller's own credentials (runs left on `wandb.mode = "auto"`
 # go online whenever W&B's key is found): its tests give their own, against a loopback stand-in.
@@ -44,3 +48,9 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest as is
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory) -> str:
+    """The tiny checkpoint's path (`shared_tiny`: built once per run of the suite)."""
+    return str(shared_tiny(tmp_path_factory))

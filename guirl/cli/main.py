@@ -376,6 +376,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         test_tasks=args.test_tasks,
         kinds=tuple(k for k in args.kinds.split(",") if k),
         seed=args.seed,
+        goals=None if (goals := _colours(args.goals)) is None else tuple(goals),
         control=args.control,
     )
     setup_logging("learn", level="WARNING")
@@ -448,6 +449,13 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
+def _colours(text: str) -> list[str] | None:
+    """`--goals`: comma-separated colours, or "any" (None: the goal is any colour drawn; none given: [],
+    which the recipe and the generator refuse)."""
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    return None if names == ["any"] else names
+
+
 def cmd_tasks_generate(args: argparse.Namespace) -> int:
     from guirl.errors import InputError
     from guirl.vmpool.tasks.generate import GenerateSpec, generate
@@ -461,6 +469,7 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
         height=args.height,
         seed=args.seed,
         hard_labels=args.hard_labels,
+        goals=_colours(args.goals),
     )
     try:
         info = generate(spec)
@@ -578,6 +587,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-tasks", type=int, default=64, help="generated held-out tasks (default 64)")
     p.add_argument("--kinds", default="click", help="task kinds of the targets family (default click)")
     p.add_argument("--seed", type=int, default=0, help="the suite's first seed (default 0)")
+    p.add_argument(
+        "--goals",
+        default="red",
+        help="colours the tasks ask for, comma-separated, or 'any' (default red: docs/desktop-learning.md)",
+    )
     p.add_argument("--control", action="store_true", help="also run the shuffled-reward control")
     p.set_defaults(func=cmd_learn)
     p = sub.add_parser("data", help="single-step grounding data: synthetic rows, checking a dataset file")
@@ -642,6 +656,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="keep N colours out of train and test for a harder test-labels.json split",
+    )
+    tg.add_argument(
+        "--goals",
+        default="any",
+        help="colours train and test tasks ask for, comma-separated (default any: whichever is drawn)",
     )
     tg.set_defaults(func=cmd_tasks_generate)
     p = sub.add_parser("vm", help="a local VM (screenshots, running a task with actions); the cloud reaper")

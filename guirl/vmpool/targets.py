@@ -3,7 +3,9 @@
 A Tk window (Python's tkinter: Debian's `python3-tk`) fills the screen and shows what the task's seed drew:
 
 - `click`: four coloured targets, each labelled with its colour's name, at positions and sizes drawn from
-  the seed; the task: "Click the target labelled red." (one step);
+  the seed; the task: "Click the target labelled red." (one step). With `goals` (e.g. red alone) the goal
+  is always one of those colours and the other three are drawn from the rest: the task is then finding
+  that colour among distractors, not also reading which colour the instruction names;
 - `type`: one text field at a seeded place, focused; the task: "Type river into the field." (one step);
 - `menu`: a `menu` button; clicking it shows four labelled items at seeded places; the task: "Open the
   menu, then pick blue." (two steps).
@@ -16,10 +18,11 @@ last click may still be in the app's X queue when the evaluation starts, so the 
 `SYNC`) and the app answers (the nonce in `ACK`) only after a round trip to the X server and handling every
 event queued by then — the click the agent made before the evaluation among them.
 
-`layout()` is a pure function of (kind, seed, screen size, labels): `guirl tasks generate` draws the same
-layout to write each task's instruction, expected record and reference solution.
+`layout()` is a pure function of (kind, seed, screen size, labels, goals): `guirl tasks generate` draws the
+same layout to write each task's instruction, expected record and reference solution.
 
     python -m guirl.vmpool.targets --kind click --seed 7 --width 640 --height 400 [--labels red,green,...]
+        [--goals red]
 """
 
 from __future__ import annotations
@@ -149,9 +152,17 @@ def _place(rng: random.Random, width: int, height: int, taken: list[Box], label:
     raise ValueError(f"no room for {len(taken) + 1} targets on a {width}x{height} screen")
 
 
-def layout(kind: str, seed: int, width: int, height: int, labels: tuple[str, ...] | None = None) -> Layout:
+def layout(
+    kind: str,
+    seed: int,
+    width: int,
+    height: int,
+    labels: tuple[str, ...] | None = None,
+    goals: tuple[str, ...] | None = None,
+) -> Layout:
     """What `seed` draws for a task of `kind` on a `width` x `height` screen: the targets' labels (among
-    `labels`, default every colour), positions and sizes, and the goal."""
+    `labels`, default every colour), positions and sizes, and the goal (among `goals`, default any of the
+    targets drawn; with `goals`, the goal is drawn first and the other targets from the rest of `labels`)."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}: one of {', '.join(KINDS)}")
     if width < 320 or height < 200:
@@ -160,6 +171,8 @@ def layout(kind: str, seed: int, width: int, height: int, labels: tuple[str, ...
     unknown = [x for x in labels if x not in COLOURS]
     if unknown or len(set(labels)) < N_TARGETS:
         raise ValueError(f"labels: {N_TARGETS} or more distinct colours of {', '.join(COLOURS)} ({unknown})")
+    if goals is not None and (not goals or any(g not in labels for g in goals)):
+        raise ValueError(f"goals: one or more of the labels ({', '.join(labels)}), got {list(goals)}")
     rng = random.Random(f"guirl-targets/{kind}/{seed}")
     if kind == "type":
         field = _place(rng, width, height, [], "field", ((0.3, 0.45), (0.1, 0.14)))
@@ -169,7 +182,12 @@ def layout(kind: str, seed: int, width: int, height: int, labels: tuple[str, ...
         w, h = width // 8, height // 10
         button = Box("menu", (width - w) // 2, (height - h) // 2, w, h)
     cells = rng.sample(range(GRID[0] * GRID[1]), N_TARGETS)
-    chosen = rng.sample(sorted(labels), N_TARGETS)
+    if goals is None:
+        chosen = rng.sample(sorted(labels), N_TARGETS)
+    else:  # the goal first, then the others; which cell each takes: drawn
+        goal = rng.choice(sorted(set(goals)))
+        others = rng.sample(sorted(set(labels) - {goal}), N_TARGETS - 1)
+        chosen = rng.sample([goal, *others], N_TARGETS)
     targets = []
     for cell, label in zip(cells, chosen):
         for _ in range(1000):
@@ -180,7 +198,8 @@ def layout(kind: str, seed: int, width: int, height: int, labels: tuple[str, ...
             raise ValueError(f"no room for the menu's items on a {width}x{height} screen")
         targets.append(box)
     targets = tuple(targets)
-    return Layout(kind, seed, width, height, rng.choice(chosen), targets, button=button)
+    goal = rng.choice(chosen) if goals is None else goal
+    return Layout(kind, seed, width, height, goal, targets, button=button)
 
 
 def _in_cell(rng: random.Random, width: int, height: int, cell: int, label: str, fw, fh) -> Box:
@@ -349,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int)
     p.add_argument("--height", type=int)
     p.add_argument("--labels", default="", help="comma-separated colours the targets are drawn from")
+    p.add_argument("--goals", default="", help="comma-separated colours a goal is drawn from (default: any)")
     p.add_argument("--record", default=RECORD)
     args = p.parse_args(argv)
     if args.read:
@@ -362,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--kind, --seed, --width and --height are required to start the app")
     try:
         labels = tuple(x for x in args.labels.split(",") if x) or None
-        lay = layout(args.kind, args.seed, args.width, args.height, labels)
+        goals = tuple(x for x in args.goals.split(",") if x) or None
+        lay = layout(args.kind, args.seed, args.width, args.height, labels, goals)
     except ValueError as exc:
         print(f"targets: {exc}", file=sys.stderr)
         return 2

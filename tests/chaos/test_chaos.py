@@ -13,17 +13,11 @@ from pathlib import Path
 import pytest
 
 from guirl.chaos import Schedule, check_run
-from tests.helpers import shared_tiny
 
 GAP_BOUND_S = 60.0
 """No env step for longer than this: detection (3 s of missed heartbeats) + an actor's restart (the
 broker loads its model: ~10 s on 2 cores, the learner ~10 s) + one episode (2 steps) + a SIGSTOP's hold
 (<= 4 s), with room for a slow CI machine."""
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 TRAIN_RUNS = [

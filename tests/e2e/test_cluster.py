@@ -20,17 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.cluster_hosts import NetnsHosts, SlurmNode, can_make_hosts, can_run_slurm
-from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = [sys.executable, str(ROOT / "bin" / "launch_cluster")]
 WHY_NOT = can_make_hosts()
 pytestmark = pytest.mark.skipif(bool(WHY_NOT), reason=WHY_NOT or "")
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

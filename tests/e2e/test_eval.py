@@ -15,10 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from guirl.config.schema import ENV_VARS
-from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -154,11 +151,6 @@ def test_pyautogui_action_space_and_a_suite_with_an_unsupported_task(tmp_path):
     terminal = summary["domains"]["terminal"]
     assert (terminal["tasks"], terminal["scored"], terminal["skipped"], terminal["aborted"]) == (4, 3, 1, 0)
     assert "skipped" in out.stdout and "1 unsupported tasks skipped" in out.stdout
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 def test_tiny_model_runs_every_task_to_an_end_state(tmp_path, tiny_ckpt):

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
-from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -26,11 +25,6 @@ def _guirl(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
     out = subprocess.run([*GUIRL, *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 @pytest.fixture(scope="module")

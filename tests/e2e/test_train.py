@@ -14,15 +14,10 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
-from tests.helpers import history, read_records, shared_tiny
+from tests.helpers import history, read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 BUSY = [

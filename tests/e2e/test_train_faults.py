@@ -10,18 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from guirl.config.schema import ENV_VARS
-from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 def _local_rl(tmp_path: Path, tiny_ckpt: str, updates: int, *sets: str) -> subprocess.CompletedProcess:

@@ -12,15 +12,9 @@ from pathlib import Path
 import pytest
 
 from guirl.config.schema import ENV_VARS
-from tests.helpers import shared_tiny
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory):
-    return str(shared_tiny(tmp_path_factory))
 
 
 def _prm_train(tmp_path: Path, tiny_ckpt: str, *sets: str, updates: int = 2) -> tuple[Path, str]:

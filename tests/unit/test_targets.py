@@ -105,6 +105,8 @@ def test_a_generated_suite_is_osworld_tasks_with_disjoint_splits(tmp_path: Path)
         (["--kinds", "type", "--hard-labels", "2"], "asks for colours"),
         (["--width", "100"], "too small"),
         (["--seed", "-1"], "seed"),
+        (["--goals", "mauve"], "goals"),
+        (["--goals", "cyan", "--hard-labels", "2"], "goals"),  # cyan is held back for the hard split
         (["--out", "/proc/version"], "not overwriting"),
         (["--out", "/proc/guirl-suite"], "guirl tasks generate:"),
     ],
@@ -138,6 +140,8 @@ def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, flags: list
         (["--kinds", "menu"], "two steps"),
         (["--kinds", "type"], "offers typing"),
         (["--test-tasks", "0"], "at least 1"),
+        (["--goals", "red,mauve"], "--goals"),
+        (["--goals", ","], "--goals"),
     ],
 )
 def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
@@ -163,3 +167,42 @@ def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
     )
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert list(tmp_path.iterdir()) == []  # no run directory
+
+
+def test_goals_make_every_task_ask_for_those_colours_among_distractors(tmp_path: Path) -> None:
+    asked = set()
+    for seed in range(100):
+        lay = layout("click", seed, 640, 400, goals=("red", "blue"))
+        assert lay == layout("click", seed, 640, 400, goals=("red", "blue"))
+        labels = [t.label for t in lay.targets]
+        assert lay.goal in ("red", "blue") and len(set(labels)) == N_TARGETS and lay.goal in labels
+        asked.add(lay.goal)
+        # the other three are drawn from every other colour (the other goal among them, at times)
+    assert asked == {"red", "blue"}
+    assert layout("click", 3, 640, 400) == layout("click", 3, 640, 400, goals=None)  # the default as before
+    cells = {layout("click", seed, 640, 400, goals=("red",)).goal_box().centre[0] < 320 for seed in range(40)}
+    assert cells == {True, False}  # the goal's place is drawn, not fixed by its colour
+    with pytest.raises(ValueError, match="goals"):
+        layout("click", 1, 640, 400, ("red", "green", "blue", "orange"), goals=("pink",))
+    with pytest.raises(ValueError, match="goals"):
+        layout("click", 1, 640, 400, goals=())
+    out = tmp_path / "suite"
+    info = generate(
+        GenerateSpec(str(out), train=6, test=4, kinds=["click", "menu"], hard_labels=1, goals=["red"])
+    )
+    assert info["goals"] == ["red"]
+    for name in ("train.json", "test.json", "test-labels.json"):
+        for task_id in json.loads((out / name).read_text())["targets"]:
+            task = load_task(out / "examples" / "targets" / f"{task_id}.json")
+            command = task.config[0].parameters["command"]
+            args = dict(zip(command[3::2], command[4::2], strict=True))
+            goals = tuple(args["--goals"].split(",")) if "--goals" in args else None
+            # the app draws what the generator drew: the same layout from the task's own command
+            lay = layout(
+                args["--kind"], int(args["--seed"]), 640, 400, tuple(args["--labels"].split(",")), goals
+            )
+            assert task.instruction == lay.instruction
+            if name == "test-labels.json":
+                assert goals is None and lay.goal == "black"  # the hard split asks for its held-back colour
+            else:
+                assert goals == ("red",) and lay.goal == "red"

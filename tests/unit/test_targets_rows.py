@@ -34,6 +34,14 @@ def test_rows_draw_every_target_in_its_colour_with_the_goal_as_ground_truth():
         assert image.getpixel((1, 1)) == _rgb("#e8e8e8")
 
 
+def test_rows_with_goals_are_the_desktop_tasks_that_ask_for_those_colours():
+    for row, seed in zip(rows(4, 10, goals=("red",)), range(10, 14), strict=True):
+        lay = layout("click", seed, WIDTH, HEIGHT, goals=("red",))
+        assert row.instruction == lay.instruction == "Click the target labelled red."
+        x1, y1, _, _ = row.gt_bbox
+        assert (round(x1 * WIDTH), round(y1 * HEIGHT)) == (lay.goal_box().x, lay.goal_box().y)
+
+
 def test_one_target_rows_draw_the_goal_alone():
     (row,) = rows(1, 7, targets=1)
     lay = layout("click", 7, WIDTH, HEIGHT)

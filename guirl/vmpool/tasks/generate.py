@@ -11,6 +11,9 @@ pixels), and meta lists:
 - `test-labels.json` (with `hard_labels` > 0) — the harder split: the last `hard_labels` colours are never
   asked for or shown in `train.json`/`test.json`, and every task of this list asks for one of them.
 
+With `goals`, every train and test task asks for one of those colours (the other targets are drawn from
+the rest): "find the red one" instead of "read which colour is asked, then find it".
+
 A task is generated for one screen size (the solution's pixels): run it on desktops of that size
 (`env.screen_width`/`env.screen_height`); on another, the app refuses to start and the task's setup fails
 (an environment fault, never a score). `suite.json` says how the suite was made.
@@ -43,9 +46,13 @@ class GenerateSpec:
     seed: int = 0
     hard_labels: int = 0
     """Colours kept out of train and test for the harder `test-labels.json` split (0: no such split)."""
+    goals: list[str] | None = None
+    """The colours train and test tasks ask for (None: any colour drawn; the hard split: its own)."""
 
 
-def task_json(lay: Layout, task_id: str, labels: tuple[str, ...]) -> dict:
+def task_json(
+    lay: Layout, task_id: str, labels: tuple[str, ...], goals: tuple[str, ...] | None = None
+) -> dict:
     """The OSWorld-format task of one layout."""
     app = [
         "python",
@@ -54,6 +61,7 @@ def task_json(lay: Layout, task_id: str, labels: tuple[str, ...]) -> dict:
         *("--kind", lay.kind, "--seed", str(lay.seed)),
         *("--width", str(lay.width), "--height", str(lay.height)),
         *("--labels", ",".join(labels)),
+        *(("--goals", ",".join(goals)) if goals else ()),
     ]
     return {
         "id": task_id,
@@ -112,8 +120,11 @@ def generate(spec: GenerateSpec) -> dict:
     names = tuple(COLOURS)
     shown = names[: len(names) - spec.hard_labels]
     hard = names[len(names) - spec.hard_labels :]
+    goals = tuple(spec.goals) if spec.goals is not None else None
+    if goals is not None and (not goals or any(g not in shown for g in goals)):
+        raise ValueError(f"goals: one or more of the colours train and test show ({', '.join(shown)})")
     for kind in spec.kinds:  # the screen size and the labels, before anything is written
-        layout(kind, spec.seed, spec.width, spec.height, shown if kind != "type" else None)
+        layout(kind, spec.seed, spec.width, spec.height, shown if kind != "type" else None, goals)
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / "suite.json").is_file():
         raise ValueError(f"{out} is not empty and not a generated suite: not overwriting it")
@@ -125,17 +136,18 @@ def generate(spec: GenerateSpec) -> dict:
 
     def write(split: str, seeds: range, labels: tuple[str, ...], pick: tuple[str, ...] = ()) -> list[str]:
         kinds = [k for k in spec.kinds if not pick or k != "type"]  # the hard split asks for colours
+        asked = None if pick else goals
         ids = []
         for i, seed in enumerate(seeds):
             kind = kinds[i % len(kinds)]
-            lay = layout(kind, seed, spec.width, spec.height, labels)
+            lay = layout(kind, seed, spec.width, spec.height, labels, asked)
             tries = 0
             while pick and lay.goal not in pick:  # the hard split: a layout whose goal is a held-back colour
                 tries += 1
                 lay = layout(kind, seed + tries * 10_000_000, spec.width, spec.height, labels)
             task_id = f"targets-{split}-{kind}-{lay.seed}"
             path = build / "examples" / DOMAIN / f"{task_id}.json"
-            path.write_text(json.dumps(task_json(lay, task_id, labels), indent=2) + "\n")
+            path.write_text(json.dumps(task_json(lay, task_id, labels, asked), indent=2) + "\n")
             (build / "solutions" / f"{task_id}.jsonl").write_text(
                 "".join(json.dumps(a) + "\n" for a in solution(lay))
             )
