@@ -7,7 +7,8 @@ S1; then the control: the same warm start and updates with `train.shuffle_reward
 across the batch: no information about which click was right). Issue 25's target: S1 >= S0 + 15 points in
 30 minutes on 2 cores (warm start, S0 and GRPO: the main run's wall time); the control not rising.
 
-    python bench/desktop_learning.py [--quick] [--updates 40] [--eval-every 10] [--no-control] [--seed 0]
+    python bench/desktop_learning.py [--quick] [--updates 20] [--eval-every 5] [--no-control] [--seed 0]
+        [--goals red]
 
 Prints the warm start, S0, the curves and a table, then one line of JSON.
 """
@@ -25,6 +26,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 from guirl.learn import LearnPlan, run_learn  # noqa: E402
 from guirl.log import setup_logging  # noqa: E402
+from guirl.vmpool.targets import parse_goals  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "desktop_learning.toml")
@@ -68,7 +70,7 @@ def main() -> None:
         test_tasks=args.test_tasks,
         kinds=tuple(args.kinds.split(",")),
         seed=args.seed,
-        goals=None if args.goals == "any" else tuple(args.goals.split(",")),
+        goals=parse_goals(args.goals),
         control=not args.no_control,
     )
     started = time.time()

@@ -140,7 +140,9 @@ def main() -> None:
     p.add_argument("--heldout-n", type=int, default=64)
     p.add_argument("--targets", type=int, choices=(1, 4), default=4)
     p.add_argument("--labels", default="", help="the colours drawn from, comma-separated (default: all)")
-    p.add_argument("--goals", default="", help="the colours asked for, comma-separated (default: any drawn)")
+    p.add_argument(
+        "--goals", default="any", help="the colours asked for, comma-separated, or 'any' (default)"
+    )
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--sft-lr", type=float, default=5e-4)
     p.add_argument("--updates", type=int, default=0, help="GRPO updates after the warm start (0: none)")
@@ -157,11 +159,16 @@ def main() -> None:
     from guirl.log import setup_logging
     from guirl.sft import run_sft
     from guirl.train import run_train
+    from guirl.vmpool.targets import layout, parse_goals
 
     setup_logging("bench", level="WARNING")
     started = time.time()
     labels = tuple(args.labels.split(",")) if args.labels else None
-    goals = tuple(args.goals.split(",")) if args.goals else None
+    goals = parse_goals(args.goals or "any")
+    try:
+        layout("click", 0, WIDTH, HEIGHT, labels, goals)
+    except ValueError as exc:
+        p.error(str(exc))
     train = rows_file(args.train_n, 0, args.targets, labels, goals)
     heldout = rows_file(args.heldout_n, TEST_SEEDS, args.targets, labels, goals)
     policy = build_policy(CACHE / "models")

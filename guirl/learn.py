@@ -64,7 +64,7 @@ class LearnPlan:
     seed: int = 0
     """The suite's first seed (another seed: other layouts)."""
     goals: tuple[str, ...] | None = ("red",)
-    """The colours the click tasks ask for (None: any colour drawn; see docs/desktop-learning.md)."""
+    """The colours the click and menu tasks ask for (None: any colour drawn; see docs/desktop-learning.md)."""
     control: bool = False
     """Also run the shuffled-reward control."""
 
@@ -222,9 +222,10 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
         else build_policy(Path(cfg.run.root_dir) / ".models")
     )
     params = count_parameters(model)
+    asking = "" if plan.kinds == ("type",) else f"; asking for {' or '.join(plan.goals or ('any colour',))}"
     print(
         f"[learn] run directory {run}\n[learn] {plan.train_tasks} train and {plan.test_tasks} held-out tasks "
-        f"({', '.join(plan.kinds)}; asking for {' or '.join(plan.goals or ('any colour',))})"
+        f"({', '.join(plan.kinds)}{asking})"
         f" on {cfg.env.screen_width}x{cfg.env.screen_height} local desktops · "
         "policy "
         f"{params / 1e6:.2f} M parameters",

@@ -13,8 +13,6 @@ import os
 
 import pytest
 
-from tests.helpers import shared_tiny
-
 # No run of the suite logs to W&B with the caller's own credentials (runs left on `wandb.mode = "auto"`
 # go online whenever W&B's key is found): its tests give their own, against a loopback stand-in.
 os.environ["NETRC"] = os.devnull
@@ -53,4 +51,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 @pytest.fixture(scope="module")
 def tiny_ckpt(tmp_path_factory) -> str:
     """The tiny checkpoint's path (`shared_tiny`: built once per run of the suite)."""
+    from tests.helpers import shared_tiny
+
     return str(shared_tiny(tmp_path_factory))

@@ -365,6 +365,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
     from guirl.errors import InputError
     from guirl.learn import LearnPlan, run_learn
     from guirl.log import setup_logging
+    from guirl.vmpool.targets import parse_goals
 
     config = args.config or str(Path(__file__).resolve().parents[2] / "configs" / "desktop_learning.toml")
     if not Path(config).is_file():
@@ -376,7 +377,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
         test_tasks=args.test_tasks,
         kinds=tuple(k for k in args.kinds.split(",") if k),
         seed=args.seed,
-        goals=None if (goals := _colours(args.goals)) is None else tuple(goals),
+        goals=parse_goals(args.goals),
         control=args.control,
     )
     setup_logging("learn", level="WARNING")
@@ -449,15 +450,9 @@ def cmd_tasks_check(args: argparse.Namespace) -> int:
     return 1 if report.errors else 0
 
 
-def _colours(text: str) -> list[str] | None:
-    """`--goals`: comma-separated colours, or "any" (None: the goal is any colour drawn; none given: [],
-    which the recipe and the generator refuse)."""
-    names = [x.strip() for x in text.split(",") if x.strip()]
-    return None if names == ["any"] else names
-
-
 def cmd_tasks_generate(args: argparse.Namespace) -> int:
     from guirl.errors import InputError
+    from guirl.vmpool.targets import parse_goals
     from guirl.vmpool.tasks.generate import GenerateSpec, generate
 
     spec = GenerateSpec(
@@ -469,7 +464,7 @@ def cmd_tasks_generate(args: argparse.Namespace) -> int:
         height=args.height,
         seed=args.seed,
         hard_labels=args.hard_labels,
-        goals=_colours(args.goals),
+        goals=None if (goals := parse_goals(args.goals)) is None else list(goals),
     )
     try:
         info = generate(spec)

@@ -78,6 +78,13 @@ and place within its cell (the menu's button sits in the middle, clear of them):
 regions of the screen, then which one holds the colour asked for."""
 
 
+def parse_goals(text: str) -> tuple[str, ...] | None:
+    """A `--goals` flag: comma-separated colours, or "any" (None: the goal is any colour drawn). Names are
+    not checked here (`layout` refuses what it cannot draw); none at all gives (), which is refused too."""
+    names = tuple(x.strip() for x in text.split(",") if x.strip())
+    return None if names == ("any",) else names
+
+
 @dataclass(frozen=True)
 class Box:
     label: str
@@ -169,8 +176,10 @@ def layout(
         raise ValueError(f"a {width}x{height} screen is too small (at least 320x200)")
     labels = tuple(labels or COLOURS)
     unknown = [x for x in labels if x not in COLOURS]
-    if unknown or len(set(labels)) < N_TARGETS:
-        raise ValueError(f"labels: {N_TARGETS} or more distinct colours of {', '.join(COLOURS)} ({unknown})")
+    if unknown or len(set(labels)) < N_TARGETS or len(set(labels)) != len(labels):
+        raise ValueError(
+            f"labels: {N_TARGETS} or more distinct colours of {', '.join(COLOURS)} (got {list(labels)})"
+        )
     if goals is not None and (not goals or any(g not in labels for g in goals)):
         raise ValueError(f"goals: one or more of the labels ({', '.join(labels)}), got {list(goals)}")
     rng = random.Random(f"guirl-targets/{kind}/{seed}")
@@ -382,8 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--kind, --seed, --width and --height are required to start the app")
     try:
         labels = tuple(x for x in args.labels.split(",") if x) or None
-        goals = tuple(x for x in args.goals.split(",") if x) or None
-        lay = layout(args.kind, args.seed, args.width, args.height, labels, goals)
+        lay = layout(args.kind, args.seed, args.width, args.height, labels, parse_goals(args.goals or "any"))
     except ValueError as exc:
         print(f"targets: {exc}", file=sys.stderr)
         return 2

@@ -47,6 +47,7 @@ def test_the_desktop_learning_benchmark_runs(tmp_path):
     assert all(0 <= acc <= 1 for _, _, acc in figures["curve"])
     assert figures["env_errors"] == 0 and figures["episodes"] >= 2 * 2 * 2
     assert figures["warm_start"]["demonstrations"] == 4 and figures["warm_start"]["sft_steps"] >= 1
+    assert "did not score 1" not in out.stdout  # every demonstration scored: the app drew what was generated
     assert "held-out success at version 2" in out.stdout and "S0 =" in out.stdout
     run = Path(figures["run_dir"])
     with Image.open(run / "curve.png") as plot:

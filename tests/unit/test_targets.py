@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from guirl.vmpool import targets
 from guirl.vmpool.apps import needed_apps
-from guirl.vmpool.targets import COLOURS, KINDS, N_TARGETS, layout
+from guirl.vmpool.targets import COLOURS, KINDS, N_TARGETS, layout, parse_goals
 from guirl.vmpool.tasks.check import check
 from guirl.vmpool.tasks.generate import GenerateSpec, generate
 from guirl.vmpool.tasks.model import load_task
@@ -105,8 +106,8 @@ def test_a_generated_suite_is_osworld_tasks_with_disjoint_splits(tmp_path: Path)
         (["--kinds", "type", "--hard-labels", "2"], "asks for colours"),
         (["--width", "100"], "too small"),
         (["--seed", "-1"], "seed"),
-        (["--goals", "mauve"], "goals"),
-        (["--goals", "cyan", "--hard-labels", "2"], "goals"),  # cyan is held back for the hard split
+        (["--goals", "mauve"], "guirl tasks generate: goals: one or more of"),
+        (["--goals", "cyan", "--hard-labels", "2"], "guirl tasks generate: goals:"),  # cyan: held back
         (["--out", "/proc/version"], "not overwriting"),
         (["--out", "/proc/guirl-suite"], "guirl tasks generate:"),
     ],
@@ -140,8 +141,8 @@ def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, flags: list
         (["--kinds", "menu"], "two steps"),
         (["--kinds", "type"], "offers typing"),
         (["--test-tasks", "0"], "at least 1"),
-        (["--goals", "red,mauve"], "--goals"),
-        (["--goals", ","], "--goals"),
+        (["--goals", "red,mauve"], "guirl learn: --goals: one or more of"),
+        (["--goals", ","], "guirl learn: --goals: one or more of"),
     ],
 )
 def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
@@ -169,40 +170,88 @@ def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
     assert list(tmp_path.iterdir()) == []  # no run directory
 
 
-def test_goals_make_every_task_ask_for_those_colours_among_distractors(tmp_path: Path) -> None:
-    asked = set()
+def test_the_default_draw_is_pinned() -> None:
+    # what every suite generated so far was drawn from: a change to the default draws breaks them all
+    lay = layout("click", 3, 640, 400)
+    assert lay.goal == "brown"
+    assert [(t.label, t.x, t.y, t.w, t.h) for t in lay.targets] == [
+        ("yellow", 354, 246, 229, 133),
+        ("brown", 64, 55, 243, 118),
+        ("green", 347, 55, 233, 120),
+        ("orange", 22, 212, 250, 127),
+    ]
+    lay = layout("menu", 5, 640, 400)
+    assert lay.goal == "pink" and [t.label for t in lay.targets] == ["cyan", "purple", "green", "pink"]
+    assert (lay.button.x, lay.button.y) == (280, 180) and (lay.targets[0].x, lay.targets[0].y) == (417, 51)
+
+
+def test_goals_make_every_task_ask_for_those_colours_among_distractors(tmp_path: Path, monkeypatch) -> None:
+    asked, distractors = set(), set()
     for seed in range(100):
         lay = layout("click", seed, 640, 400, goals=("red", "blue"))
         assert lay == layout("click", seed, 640, 400, goals=("red", "blue"))
         labels = [t.label for t in lay.targets]
         assert lay.goal in ("red", "blue") and len(set(labels)) == N_TARGETS and lay.goal in labels
         asked.add(lay.goal)
-        # the other three are drawn from every other colour (the other goal among them, at times)
-    assert asked == {"red", "blue"}
-    assert layout("click", 3, 640, 400) == layout("click", 3, 640, 400, goals=None)  # the default as before
+        distractors |= set(labels) - {lay.goal}
+    assert asked == {"red", "blue"} and distractors == set(COLOURS)  # the other goal among them, at times
     cells = {layout("click", seed, 640, 400, goals=("red",)).goal_box().centre[0] < 320 for seed in range(40)}
     assert cells == {True, False}  # the goal's place is drawn, not fixed by its colour
     with pytest.raises(ValueError, match="goals"):
         layout("click", 1, 640, 400, ("red", "green", "blue", "orange"), goals=("pink",))
     with pytest.raises(ValueError, match="goals"):
         layout("click", 1, 640, 400, goals=())
+    with pytest.raises(ValueError, match="labels"):
+        layout("click", 1, 640, 400, ("red", "red", "green", "blue", "orange"))
+    assert (
+        parse_goals("any") is None
+        and parse_goals(" red, blue ") == ("red", "blue")
+        and parse_goals(",") == ()
+    )
+
     out = tmp_path / "suite"
     info = generate(
         GenerateSpec(str(out), train=6, test=4, kinds=["click", "menu"], hard_labels=1, goals=["red"])
     )
     assert info["goals"] == ["red"]
+    drawn: list = []
+    monkeypatch.setattr(targets, "run_app", lambda lay, record: drawn.append(lay))
     for name in ("train.json", "test.json", "test-labels.json"):
         for task_id in json.loads((out / name).read_text())["targets"]:
             task = load_task(out / "examples" / "targets" / f"{task_id}.json")
             command = task.config[0].parameters["command"]
-            args = dict(zip(command[3::2], command[4::2], strict=True))
-            goals = tuple(args["--goals"].split(",")) if "--goals" in args else None
-            # the app draws what the generator drew: the same layout from the task's own command
-            lay = layout(
-                args["--kind"], int(args["--seed"]), 640, 400, tuple(args["--labels"].split(",")), goals
-            )
+            assert command[:3] == ["python", "-m", "guirl.vmpool.targets"]
+            assert targets.main(command[3:]) == 0  # the app, started as the task starts it
+            lay = drawn.pop()
             assert task.instruction == lay.instruction
+            assert task.evaluator.expected["rules"]["expected"] == lay.expected
+            steps = [json.loads(x) for x in (out / "solutions" / f"{task_id}.jsonl").read_text().splitlines()]
+            assert lay.goal_box().contains(steps[-1]["x"], steps[-1]["y"])  # its solution clicks the goal
             if name == "test-labels.json":
-                assert goals is None and lay.goal == "black"  # the hard split asks for its held-back colour
+                assert (
+                    "--goals" not in command and lay.goal == "black"
+                )  # the hard split: its held-back colour
             else:
-                assert goals == ("red",) and lay.goal == "red"
+                assert "--goals" in command and lay.goal == "red"
+
+
+def test_tasks_generate_goals_flag(tmp_path: Path) -> None:
+    def run(*flags: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "bin" / "guirl"), "tasks", "generate", "targets", *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads((Path(flags[1]) / "suite.json").read_text())
+
+    assert run("--out", str(tmp_path / "a"), "--train", "3", "--test", "1", "--goals", "red, blue")[
+        "goals"
+    ] == [
+        "red",
+        "blue",
+    ]
+    assert run("--out", str(tmp_path / "b"), "--train", "3", "--test", "1", "--goals", "any")["goals"] is None
+    for task in (tmp_path / "b" / "examples" / "targets").iterdir():
+        assert "--goals" not in json.loads(task.read_text())["config"][0]["parameters"]["command"]

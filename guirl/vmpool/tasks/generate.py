@@ -122,7 +122,10 @@ def generate(spec: GenerateSpec) -> dict:
     hard = names[len(names) - spec.hard_labels :]
     goals = tuple(spec.goals) if spec.goals is not None else None
     if goals is not None and (not goals or any(g not in shown for g in goals)):
-        raise ValueError(f"goals: one or more of the colours train and test show ({', '.join(shown)})")
+        raise ValueError(
+            f"goals: one or more of the colours train and test show ({', '.join(shown)}), or any; "
+            f"got {list(goals)}"
+        )
     for kind in spec.kinds:  # the screen size and the labels, before anything is written
         layout(kind, spec.seed, spec.width, spec.height, shown if kind != "type" else None, goals)
     out = Path(spec.out)
