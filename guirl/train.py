@@ -240,8 +240,9 @@ async def _follow(
 async def _last_evaluations(
     coord: Any, out: TextIO, on_eval: Callable[[dict], None] | None = None, timeout_s: float = 600.0
 ) -> None:
-    """The updates are made: let the last evaluation finish (up to `timeout_s`), then print them all."""
-    coord.no_more_groups = True
+    """The updates are made: let the last evaluation finish (up to `timeout_s`, without the training samples
+    still queued ahead of it), then print them all."""
+    coord.end_training()
     deadline = time.monotonic() + timeout_s
     while coord.evals_pending() and time.monotonic() < deadline:
         coord.progress.clear()

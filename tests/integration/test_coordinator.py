@@ -414,3 +414,44 @@ def test_periodic_evaluation_in_train_mode(tmp_path):
             eval_log=str(log),
         )
     )
+
+
+def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at_once(tmp_path):
+    """Once the learner's last update is made, the training samples still queued (their groups will never be
+    trained) are dropped and counted, and the evaluation of the last version is handed out next."""
+    cfg = fast_config()
+    evals = [SuiteTask(f"e{i}", "d", {"id": f"e{i}"}) for i in range(2)]
+
+    async def body(coord, conn):
+        first = await conn.request(WorkRequest(worker="w"))  # one of the group's four samples
+        assert first.mode == "train"
+        queued = [t for t in coord.todo if t.eval_version < 0]
+        assert len(queued) >= 3  # the group's other samples (and any group admitted since)
+        await conn.request(WeightsPublished(version=1))  # the last version: its evaluation queued after them
+        assert coord.no_more_groups and not [t for t in coord.todo if t.eval_version < 0]
+        assert coord.counters["episodes.not_started_by_end"] == len(queued)
+        assert coord.end_training() == 0  # the driver's own call, when it sees the learner exit: nothing left
+        ev = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
+        assert [(w.mode, w.task_id) for w in ev] == [("eval", "e0"), ("eval", "e1")]
+        assert isinstance(await conn.request(WorkRequest(worker="w")), NoWork)  # nothing else: no new group
+        for w in ev:
+            await conn.request(EpisodeEnded(episode_id=w.episode_id, status="completed", score=1.0))
+        assert not coord.evals_pending() and coord.eval_lines[-1]["accuracy"] == 1.0
+        # the training episode in flight still ends (and is reported) as before
+        ack = await conn.request(EpisodeEnded(episode_id=first.episode_id, status="completed", score=0.0))
+        assert ack.ok
+
+    run(
+        _with_coordinator(
+            cfg,
+            _tasks(2),
+            body,
+            mode="train",
+            n_samples=4,
+            batch_size=1,
+            max_staleness=1,
+            eval_tasks=evals,
+            eval_every=1,
+            last_version=1,
+        )
+    )
