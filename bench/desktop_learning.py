@@ -1,11 +1,12 @@
-"""Does GRPO teach a policy on real desktops? The targets family (`guirl tasks generate targets`: "Click the
-target labelled red." on a 640x400 local desktop), a small Qwen3-VL warm-started by behaviour cloning of the
-train suite's reference solutions (`guirl eval --backend scripted`, then `guirl sft` on that run), greedy
-held-out success S0, GRPO through the whole actor system (broker, env worker on local desktops, learner,
-weight broadcast) with a greedy evaluation of the held-out suite every `--eval-every` versions (the curve),
-S1; then the control: the same warm start and updates with `train.shuffle_rewards = true` (rewards permuted
-across the batch: no information about which click was right). Issue 25's target: S1 >= S0 + 15 points in
-30 minutes on 2 cores (warm start, S0 and GRPO: the main run's wall time); the control not rising.
+"""Does GRPO teach a policy on real desktops? The targets family asking for red (`guirl tasks generate targets
+--goals red`: "Click the target labelled red." among three others, on a 640x400 local desktop), a small
+Qwen3-VL warm-started by behaviour cloning of the train suite's reference solutions (`guirl eval --backend
+scripted`, then `guirl sft` on that run), greedy held-out success S0, GRPO through the whole actor system
+(broker, env worker on local desktops, learner, weight broadcast) with a greedy evaluation of the held-out
+suite every `--eval-every` versions (the curve), S1; then the control: the same warm start and updates with
+`train.shuffle_rewards = true` (rewards permuted across the batch: no information about which click was
+right). Issue 25's target: S1 >= S0 + 15 points in 30 minutes on 2 cores (warm start, S0 and GRPO: the main
+run's wall time); the control not rising.
 
     python bench/desktop_learning.py [--quick] [--updates 20] [--eval-every 5] [--no-control] [--seed 0]
         [--goals red]
