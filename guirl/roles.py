@@ -255,7 +255,6 @@ def coordinator(
         eval_tasks=list(eval_tasks),
         eval_every=t.eval_every,
         eval_log=str(run_dir / "eval.jsonl"),
-        last_version=t.updates,
         **common,
     )
 

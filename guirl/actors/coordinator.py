@@ -120,14 +120,11 @@ class Coordinator(Actor):
         heartbeat_dir: str = "",
         heartbeat_s: float = 30.0,
         first_seq: int = 0,
-        last_version: int = 0,
         **kwargs: Any,
     ) -> None:
         """`heartbeat_dir`: the run directory, where the run's heartbeat is written every `heartbeat_s` while
         the coordinator runs (the cloud reaper takes a silent run's instances for leaked). `first_seq`: the
-        episode ids an earlier session of the run used (a resumed eval's new ones come after). `last_version`
-        (train mode): the learner's last version (`train.updates`; 0: not known); once it is published,
-        training ends here at once (`end_training`), not when the driver sees the learner exit."""
+        episode ids an earlier session of the run used (a resumed eval's new ones come after)."""
         super().__init__(name, **kwargs)
         self.heartbeat_dir = Path(heartbeat_dir) if heartbeat_dir else None
         # every assignment and every end state, a line each (the chaos suite checks one end per episode)
@@ -185,7 +182,6 @@ class Coordinator(Actor):
         self.evals_printed = 0
         """How many of `eval_lines` the driver has printed (it prints each once, as it comes)."""
         self.no_more_groups = False  # the learner is done: finish the evaluations, admit nothing new
-        self.last_version = last_version
 
     # -- requests ------------------------------------------------------------------------------------
 
@@ -241,8 +237,6 @@ class Coordinator(Actor):
                     self.save_state()
                     if self.mode == "train" and self.eval_every and version % self.eval_every == 0:
                         self._schedule_eval(version, epoch)
-                    if self.mode == "train" and self.last_version and version >= self.last_version:
-                        self.end_training()
                 return Ack(note=f"{self.admission_limit()} episodes may be admitted")
         return await super().handle(req)
 
@@ -540,9 +534,13 @@ class Coordinator(Actor):
         self.counters["eval.rounds"] += 1
 
     def end_training(self) -> int:
-        """The learner made its last update: admit no group, and drop the training samples not yet handed
-        out (their groups will never be trained), so the evaluations still to come do not wait behind them.
-        Returns how many were dropped (counted in `episodes.not_started_by_end`)."""
+        """The learner has completed (exited after its last update and checkpoint; not merely published its
+        last version, after which it can still die and restart from an older checkpoint): admit no group,
+        and drop the training samples not yet handed out (their groups will never be trained), so the
+        evaluations still to come do not wait behind them. Returns how many were dropped (counted in
+        `episodes.not_started_by_end`)."""
+        if self.mode != "train":
+            return 0
         self.no_more_groups = True
         kept = [t for t in self.todo if t.eval_version >= 0]
         dropped = len(self.todo) - len(kept)

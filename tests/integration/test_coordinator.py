@@ -416,7 +416,7 @@ def test_periodic_evaluation_in_train_mode(tmp_path):
     )
 
 
-def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at_once(tmp_path):
+def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at_once():
     """Once the learner's last update is made, the training samples still queued (their groups will never be
     trained) are dropped and counted, and the evaluation of the last version is handed out next."""
     cfg = fast_config()
@@ -425,12 +425,13 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
     async def body(coord, conn):
         first = await conn.request(WorkRequest(worker="w"))  # one of the group's four samples
         assert first.mode == "train"
-        queued = [t for t in coord.todo if t.eval_version < 0]
-        assert len(queued) >= 3  # the group's other samples (and any group admitted since)
         await conn.request(WeightsPublished(version=1))  # the last version: its evaluation queued after them
+        queued = [t for t in coord.todo if t.eval_version < 0]
+        assert len(queued) >= 3 and not coord.no_more_groups  # the group's other samples are ahead of it
+        assert coord.end_training() == len(queued)  # the driver's call, once the learner has exited
         assert coord.no_more_groups and not [t for t in coord.todo if t.eval_version < 0]
         assert coord.counters["episodes.not_started_by_end"] == len(queued)
-        assert coord.end_training() == 0  # the driver's own call, when it sees the learner exit: nothing left
+        assert coord.end_training() == 0  # nothing left to drop
         ev = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
         assert [(w.mode, w.task_id) for w in ev] == [("eval", "e0"), ("eval", "e1")]
         assert isinstance(await conn.request(WorkRequest(worker="w")), NoWork)  # nothing else: no new group
@@ -452,6 +453,5 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
             max_staleness=1,
             eval_tasks=evals,
             eval_every=1,
-            last_version=1,
         )
     )
