@@ -121,13 +121,8 @@ def generate(spec: GenerateSpec) -> dict:
     shown = names[: len(names) - spec.hard_labels]
     hard = names[len(names) - spec.hard_labels :]
     goals = tuple(spec.goals) if spec.goals is not None else None
-    if goals is not None and (not goals or any(g not in shown for g in goals)):
-        raise ValueError(
-            f"goals: one or more of the colours train and test show ({', '.join(shown)}), or any; "
-            f"got {list(goals)}"
-        )
-    for kind in spec.kinds:  # the screen size and the labels, before anything is written
-        layout(kind, spec.seed, spec.width, spec.height, shown if kind != "type" else None, goals)
+    for kind in spec.kinds:  # the screen size, the labels and the goals (among those shown), before writing
+        layout(kind, spec.seed, spec.width, spec.height, shown, goals)
     out = Path(spec.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not (out / "suite.json").is_file():
         raise ValueError(f"{out} is not empty and not a generated suite: not overwriting it")
