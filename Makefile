@@ -43,8 +43,8 @@ setup-test: $(VENV)/.stamp-test
 # cloning, GRPO with the held-out success curve, its plot (evaluation-only mode: `make demo-eval`; RL on the
 # shipped OSWorld-style tasks: `make demo-rl`; the actor runtime's transport demo: `guirl demo`)
 demo: setup
-	$(VENV)/bin/guirl learn --config configs/desktop_learning.toml --train-tasks 64 --test-tasks 32 \
-		--set sft.epochs=20 --set train.updates=12 --set train.eval_every=4 $(ARGS)
+	$(VENV)/bin/guirl learn --config configs/desktop_learning.toml --test-tasks 32 \
+		--set train.updates=12 --set train.eval_every=4 $(ARGS)
 
 demo-rl: setup
 	$(VENV)/bin/guirl train --config configs/local_rl.toml $(ARGS)

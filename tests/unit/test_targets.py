@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from guirl.cli.main import main
 from guirl.vmpool import targets
 from guirl.vmpool.apps import needed_apps
 from guirl.vmpool.targets import COLOURS, KINDS, N_TARGETS, layout, parse_goals
@@ -97,77 +98,63 @@ def test_a_generated_suite_is_osworld_tasks_with_disjoint_splits(tmp_path: Path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "suite"]
 
 
-@pytest.mark.parametrize(
-    ("flags", "message"),
-    [
-        (["--kinds", "click,drag"], "kinds"),
-        (["--train", "0", "--test", "0"], "not both 0"),
-        (["--hard-labels", "9"], "hard_labels"),
-        (["--kinds", "type", "--hard-labels", "2"], "asks for colours"),
-        (["--width", "100"], "too small"),
-        (["--seed", "-1"], "seed"),
-        (["--goals", "mauve"], "guirl tasks generate: goals: one or more of"),
-        (["--goals", "cyan", "--hard-labels", "2"], "guirl tasks generate: goals:"),  # cyan: held back
-        (["--out", "/proc/version"], "not overwriting"),
-        (["--out", "/proc/guirl-suite"], "guirl tasks generate:"),
-    ],
-)
-def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, flags: list[str], message: str) -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bin" / "guirl"),
-            "tasks",
-            "generate",
-            "targets",
-            "--out",
-            str(tmp_path / "s"),
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
+BAD_GENERATE = [
+    (["--kinds", "click,drag"], "kinds"),
+    (["--train", "0", "--test", "0"], "not both 0"),
+    (["--hard-labels", "9"], "hard_labels"),
+    (["--kinds", "type", "--hard-labels", "2"], "asks for colours"),
+    (["--width", "100"], "too small"),
+    (["--seed", "-1"], "seed"),
+    (["--goals", "mauve"], "guirl tasks generate: goals: one or more of"),
+    (["--goals", "cyan", "--hard-labels", "2"], "guirl tasks generate: goals:"),  # cyan: held back
+    (["--out", "/proc/version"], "not overwriting"),
+    (["--out", "/proc/guirl-suite"], "guirl tasks generate:"),
+]
 
 
-@pytest.mark.parametrize(
-    ("sets", "message"),
-    [
-        (["agent.response_format=computer_use"], "GUI-R1's format"),
-        (["env.provider=aws"], "GUI-R1's format"),
-        (["train.eval_every=0"], "train.eval_every"),
-        (["--kinds", "click,drag"], "--kinds"),
-        (["--kinds", "menu"], "two steps"),
-        (["--kinds", "type"], "offers typing"),
-        (["--test-tasks", "0"], "at least 1"),
-        (["--goals", "red,mauve"], "guirl learn: --goals: one or more of"),
-        (["--goals", ","], "guirl learn: --goals: one or more of"),
-    ],
-)
-def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
-    tmp_path: Path, sets: list[str], message: str
-) -> None:
-    flags = [x for x in sets if x.startswith("--") or not x.count("=")]  # flags, then settings
-    args = [
-        x for s in [f"run.root_dir={tmp_path}", *(s for s in sets if s not in flags)] for x in ("--set", s)
-    ]
-    args += flags
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "bin" / "guirl"),
-            "learn",
-            "--config",
-            str(ROOT / "configs" / "desktop_learning.toml"),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr, out.stderr
-    assert list(tmp_path.iterdir()) == []  # no run directory
+def _guirl(capsys, *argv: str) -> tuple[int, str]:
+    """`guirl ARGV` in this process (a process per case cost the suite seconds each): its code and stderr."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's own refusals
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def test_tasks_generate_refuses_bad_requests_clearly(tmp_path: Path, capsys) -> None:
+    for flags, message in BAD_GENERATE:
+        code, err = _guirl(capsys, "tasks", "generate", "targets", "--out", str(tmp_path / "s"), *flags)
+        assert code == 2 and message in err and "Traceback" not in err, (flags, err)
+    assert not (tmp_path / "s").exists()
+
+
+BAD_LEARN = [
+    (["agent.response_format=computer_use"], "GUI-R1's format"),
+    (["env.provider=aws"], "GUI-R1's format"),
+    (["train.eval_every=0"], "train.eval_every"),
+    (["--kinds", "click,drag"], "--kinds"),
+    (["--kinds", "menu"], "two steps"),
+    (["--kinds", "type"], "offers typing"),
+    (["--test-tasks", "0"], "at least 1"),
+    (["--goals", "red,mauve"], "guirl learn: --goals: one or more of"),
+    (["--goals", ","], "guirl learn: --goals: one or more of"),
+]
+
+
+def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(tmp_path: Path, capsys) -> None:
+    for sets, message in BAD_LEARN:
+        flags = [x for x in sets if x.startswith("--") or not x.count("=")]  # flags, then settings
+        args = [
+            x
+            for s in [f"run.root_dir={tmp_path}", *(s for s in sets if s not in flags)]
+            for x in ("--set", s)
+        ]
+        code, err = _guirl(
+            capsys, "learn", "--config", str(ROOT / "configs" / "desktop_learning.toml"), *args, *flags
+        )
+        assert code == 2 and message in err and "Traceback" not in err, (sets, err)
+        assert list(tmp_path.iterdir()) == []  # no run directory
 
 
 def test_the_default_draw_is_pinned() -> None:
@@ -235,23 +222,45 @@ def test_goals_make_every_task_ask_for_those_colours_among_distractors(tmp_path:
                 assert "--goals" in command and lay.goal == "red"
 
 
-def test_tasks_generate_goals_flag(tmp_path: Path) -> None:
-    def run(*flags: str) -> dict:
-        out = subprocess.run(
-            [sys.executable, str(ROOT / "bin" / "guirl"), "tasks", "generate", "targets", *flags],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert out.returncode == 0, out.stderr
-        return json.loads((Path(flags[1]) / "suite.json").read_text())
-
-    assert run("--out", str(tmp_path / "a"), "--train", "3", "--test", "1", "--goals", "red, blue")[
-        "goals"
-    ] == [
-        "red",
-        "blue",
-    ]
-    assert run("--out", str(tmp_path / "b"), "--train", "3", "--test", "1", "--goals", "any")["goals"] is None
+def test_tasks_generate_goals_flag(tmp_path: Path, capsys) -> None:
+    # the real command once, as a user starts it
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bin" / "guirl"),
+            "tasks",
+            "generate",
+            "targets",
+            "--out",
+            str(tmp_path / "a"),
+            "--train",
+            "3",
+            "--test",
+            "1",
+            "--goals",
+            "red, blue",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "a" / "suite.json").read_text())["goals"] == ["red", "blue"]
+    code, err = _guirl(
+        capsys,
+        "tasks",
+        "generate",
+        "targets",
+        "--out",
+        str(tmp_path / "b"),
+        "--train",
+        "3",
+        "--test",
+        "1",
+        "--goals",
+        "any",
+    )
+    assert code == 0, err
+    assert json.loads((tmp_path / "b" / "suite.json").read_text())["goals"] is None
     for task in (tmp_path / "b" / "examples" / "targets").iterdir():
         assert "--goals" not in json.loads(task.read_text())["config"][0]["parameters"]["command"]
