@@ -308,6 +308,8 @@ def train_summary(
         + coord.counters["episodes.reissued_undelivered"],
         "episodes_undelivered": coord.counters["episodes.undelivered"],
         "groups_reissued": coord.counters["groups.reissued"],
+        # training samples still queued when the learner completed: no update would have used them
+        "episodes_not_started_by_end": coord.counters["episodes.not_started_by_end"],
     }
     return summary, metrics
 

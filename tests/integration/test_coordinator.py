@@ -25,6 +25,7 @@ from guirl.messages.types import (
     WeightsPublished,
     WorkRequest,
 )
+from guirl.report import train_summary
 from guirl.vmpool.tasks.suite import SuiteError, SuiteTask, load_suite
 from tests.helpers import client_actor, fast_config, run
 
@@ -416,9 +417,10 @@ def test_periodic_evaluation_in_train_mode(tmp_path):
     )
 
 
-def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at_once():
+def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at_once(tmp_path):
     """Once the learner's last update is made, the training samples still queued (their groups will never be
-    trained) are dropped and counted, and the evaluation of the last version is handed out next."""
+    trained) are dropped and counted (in the run's summary too), and the evaluation of the last version is
+    handed out next."""
     cfg = fast_config()
     evals = [SuiteTask(f"e{i}", "d", {"id": f"e{i}"}) for i in range(2)]
 
@@ -432,6 +434,10 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
         assert coord.no_more_groups and not [t for t in coord.todo if t.eval_version < 0]
         assert coord.counters["episodes.not_started_by_end"] == len(queued)
         assert coord.end_training() == 0  # nothing left to drop
+        (tmp_path / "metrics.jsonl").write_text(json.dumps({"version": 1, "time": 0.0}) + "\n")
+        snap = coord.snapshot()
+        summary, _ = train_summary(coord, snap, run_dir=tmp_path, sync=False, ckpt="c", seconds=1.0)
+        assert summary["episodes_not_started_by_end"] == len(queued)
         ev = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
         assert [(w.mode, w.task_id) for w in ev] == [("eval", "e0"), ("eval", "e1")]
         assert isinstance(await conn.request(WorkRequest(worker="w")), NoWork)  # nothing else: no new group
