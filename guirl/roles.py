@@ -251,6 +251,7 @@ def coordinator(
         n_samples=r.n_samples_per_prompt,
         batch_size=r.batch_size,
         max_staleness=t.max_staleness,
+        last_version=t.updates,
         state_path=str(run_dir / "coordinator.json"),
         eval_tasks=list(eval_tasks),
         eval_every=t.eval_every,

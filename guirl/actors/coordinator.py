@@ -113,6 +113,7 @@ class Coordinator(Actor):
         batch_size: int = 1,
         max_staleness: int = 0,
         max_groups: int = 0,
+        last_version: int = 0,
         state_path: str = "",
         eval_tasks: list[SuiteTask] | None = None,
         eval_every: int = 0,
@@ -124,7 +125,9 @@ class Coordinator(Actor):
     ) -> None:
         """`heartbeat_dir`: the run directory, where the run's heartbeat is written every `heartbeat_s` while
         the coordinator runs (the cloud reaper takes a silent run's instances for leaked). `first_seq`: the
-        episode ids an earlier session of the run used (a resumed eval's new ones come after)."""
+        episode ids an earlier session of the run used (a resumed eval's new ones come after).
+        `last_version`: the learner's last version (`train.updates`; 0: not known). Once it is published, no
+        training sample is handed out: no update would use it (see `updates_made`)."""
         super().__init__(name, **kwargs)
         self.heartbeat_dir = Path(heartbeat_dir) if heartbeat_dir else None
         # every assignment and every end state, a line each (the chaos suite checks one end per episode)
@@ -140,6 +143,7 @@ class Coordinator(Actor):
         self.n_samples = n_samples
         self.batch_size = batch_size
         self.max_staleness = max_staleness
+        self.last_version = last_version
         self.learner_version = 0
         self.admitted = 0  # episodes admitted (first attempts; a retry replaces, it does not add)
         self.groups = 0
@@ -265,6 +269,8 @@ class Coordinator(Actor):
                 or (self.max_groups and self.groups >= self.max_groups)
             ):
                 return "done"
+            if self.updates_made():
+                return "updates made"
             if self.admitted + self.n_samples > self.admission_limit():
                 self.counters["admission.blocked"] += 1
                 return "staleness"
@@ -369,6 +375,15 @@ class Coordinator(Actor):
         self.delivering.pop(rej.episode_id, None)
         task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
         ending = self.closing or self.no_more_groups
+        if self.updates_made():  # expected at the end of a run: the learner shuts down after its last update
+            self.counters["episodes.after_last_update"] += 1
+            log.info(
+                "episode %s of %s not trained (%s): the last update is made",
+                rej.episode_id,
+                rej.task_id,
+                rej.reason,
+            )
+            return Ack(ok=False, note="the learner's last update is made: not handed out again")
         if self.mode != "train" or ending or task is None or not 0 <= rej.sample_index < self.n_samples:
             return Ack(ok=False, note="not handed out again: the run is ending, or no such task or sample")
         if self.admitted_groups.get(rej.group_id) != rej.task_id:
@@ -422,7 +437,12 @@ class Coordinator(Actor):
         if self.closing:
             return NoWork(retry_after_s=0.0, reason="done")
         why = self._refill() if not self.todo else ""
-        if not self.todo:
+        if self.todo and self.updates_made() and not self._eval_first():
+            why = "updates made"  # the training samples queued are held, not handed out
+        if not self.todo or why == "updates made":
+            if why == "updates made":
+                # not "done": the learner can still die before its checkpoint and restart from an older one
+                return NoWork(retry_after_s=0.5, reason="the last update is made: waiting for the learner")
             if why == "staleness":
                 return NoWork(retry_after_s=0.5, reason="staleness: waiting for the learner's next version")
             if self.running:
@@ -481,7 +501,11 @@ class Coordinator(Actor):
         key = (todo.group_id, todo.sample_index)
         if ended.env_error:
             self.env_errors[key].append(ended.env_error)
-        if ended.status == "retried" and self.no_more_groups and todo.eval_version < 0:
+        if (
+            ended.status == "retried"
+            and (self.no_more_groups or self.updates_made())
+            and todo.eval_version < 0
+        ):
             # the learner made its updates: a training episode cut short now is not played again
             self.counters["episodes.cut_by_end"] += 1
             self._final(key, todo, ended, "aborted", run)
@@ -532,6 +556,25 @@ class Coordinator(Actor):
             for t in self.eval_tasks
         )
         self.counters["eval.rounds"] += 1
+
+    def updates_made(self) -> bool:
+        """The learner has published its last version: a training sample handed out or handed back now
+        would never be trained. Not yet the end of training: until the learner has completed it can die and
+        restart from an older checkpoint (`LearnerResumed` lowers `learner_version`, and handing out
+        resumes)."""
+        return (
+            self.mode == "train" and not self.no_more_groups and 0 < self.last_version <= self.learner_version
+        )
+
+    def _eval_first(self) -> bool:
+        """Put the first evaluation sample queued at the head of `todo`; False if there is none."""
+        ev = next((t for t in self.todo if t.eval_version >= 0), None)
+        if ev is None:
+            return False
+        if self.todo[0] is not ev:
+            self.todo.remove(ev)
+            self.todo.appendleft(ev)
+        return True
 
     def end_training(self) -> int:
         """The learner has completed (exited after its last update and checkpoint; not merely published its
@@ -633,7 +676,7 @@ class Coordinator(Actor):
             run = self.delivering.pop(eid)
             todo = run.todo
             self.counters["episodes.lost_in_delivery"] += 1
-            if self.closing or self.no_more_groups:
+            if self.closing or self.no_more_groups or self.updates_made():
                 continue
             if self.admitted_groups.get(todo.group_id) != todo.task.task_id:
                 continue  # handed out again whole (a learner restart) meanwhile

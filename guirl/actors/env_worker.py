@@ -520,7 +520,13 @@ class EnvWorker(Actor):
             )
         except (ActorError, OSError, TimeoutError) as exc:
             self.counters["trajectories.undelivered"] += 1
-            log.warning("episode %s: the learner could not be reached (%s): handed back", ep.episode_id, exc)
+            # the learner shut down after its last update (the end of a run) or died (a fault)
+            log.log(
+                logging.INFO if self.learner.left else logging.WARNING,
+                "episode %s: the learner could not be reached (%s): handed back",
+                ep.episode_id,
+                exc,
+            )
             back = EpisodeRejected(
                 episode_id=ep.episode_id,
                 group_id=ep.group_id,

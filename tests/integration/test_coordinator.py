@@ -461,3 +461,63 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
             eval_every=1,
         )
     )
+
+
+def test_once_the_last_version_is_out_training_samples_are_held_until_the_learner_completes():
+    """The learner has published its last version (`train.updates`): a worker is handed that version's
+    evaluation ahead of the training samples still queued, then told to wait, not "done" (the learner can
+    still die before its checkpoint); an episode it could no longer take is not handed out again (quietly:
+    the end of a run, not a fault); a learner restarted from an older checkpoint makes handing out resume;
+    and its completion drops what is held."""
+    cfg = fast_config()
+    evals = [SuiteTask("e0", "d", {"id": "e0"})]
+
+    async def body(coord, conn):
+        first = await conn.request(WorkRequest(worker="w"))
+        assert first.mode == "train" and not coord.updates_made()
+        done = EpisodeEnded(episode_id=first.episode_id, status="completed", score=1.0, worker="w")
+        assert (await conn.request(done)).ok
+        await conn.request(WeightsPublished(version=2))  # the last version
+        assert coord.updates_made()
+        ev = await conn.request(WorkRequest(worker="w"))
+        assert (ev.mode, ev.task_id) == ("eval", "e0")  # ahead of the group's three queued samples
+        held = await conn.request(WorkRequest(worker="w"))
+        assert isinstance(held, NoWork) and held.reason != "done" and held.retry_after_s > 0
+        assert [t.eval_version for t in coord.todo] == [-1, -1, -1]  # held, not dropped
+        back = EpisodeRejected(
+            episode_id=first.episode_id,
+            group_id=first.group_id,
+            sample_index=first.sample_index,
+            task_id=first.task_id,
+            undelivered=True,
+        )
+        ack = await conn.request(back)
+        assert not ack.ok and "last update" in ack.note and len(coord.todo) == 3
+        assert coord.counters["episodes.after_last_update"] == 1
+        await conn.request(EpisodeEnded(episode_id=ev.episode_id, status="completed", score=1.0, worker="w"))
+        # the learner dies before its checkpoint and restarts from version 1: handing out resumes
+        await conn.request(LearnerResumed(version=1, trained_groups=[], epoch=1))
+        assert not coord.updates_made()
+        again = await conn.request(WorkRequest(worker="w"))
+        assert isinstance(again, EpisodeAssignment) and again.mode == "train"
+        await conn.request(WeightsPublished(version=2, epoch=1))  # its last version: held again
+        assert coord.updates_made()
+        queued = len([t for t in coord.todo if t.eval_version < 0])
+        assert queued > 0 and coord.end_training() == queued and not coord.updates_made()
+        ev = await conn.request(WorkRequest(worker="w"))
+        assert (ev.mode, ev.group_id) == ("eval", "eval@2e1/e0")
+
+    run(
+        _with_coordinator(
+            cfg,
+            _tasks(2),
+            body,
+            mode="train",
+            n_samples=4,
+            batch_size=1,
+            max_staleness=1,
+            last_version=2,
+            eval_tasks=evals,
+            eval_every=1,
+        )
+    )
