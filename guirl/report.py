@@ -310,6 +310,8 @@ def train_summary(
         "groups_reissued": coord.counters["groups.reissued"],
         # training samples still queued when the learner completed: no update would have used them
         "episodes_not_started_by_end": coord.counters["episodes.not_started_by_end"],
+        # training episodes that ended after the learner's last update (it had shut down): not trained
+        "episodes_after_last_update": coord.counters["episodes.after_last_update"],
     }
     return summary, metrics
 

@@ -9,7 +9,9 @@ with `--durations`: the sum of their tests), longest first; every other file kee
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -54,3 +56,17 @@ def tiny_ckpt(tmp_path_factory) -> str:
     from tests.helpers import shared_tiny
 
     return str(shared_tiny(tmp_path_factory))
+
+
+@pytest.fixture
+def restore_root_logger() -> Iterator[None]:
+    """For a test that calls `setup_logging` in the test process (directly, or through a CLI command run
+    in-process): it replaces the root logger's handlers, pytest's own among them; they are put back."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)

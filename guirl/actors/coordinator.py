@@ -161,6 +161,7 @@ class Coordinator(Actor):
         self.ended: dict[str, EpisodeEnded] = {}
         self.delivering: dict[str, _Running] = {}  # completed training episodes not yet at the learner
         self.handed_back: set[str] = set()  # episodes whose sample went out again (rejected, undelivered)
+        self.after_last_update: set[str] = set()  # episodes not taken once the last update was made
         self.retired: list[str] = []  # groups handed out again whole after a learner restart
         self.learner_epoch = 0  # the newest lineage epoch heard of
         self.results: dict[tuple[str, int], TaskResult] = {}  # by (group id, sample index)
@@ -234,8 +235,11 @@ class Coordinator(Actor):
                 if epoch < self.learner_epoch:  # a dead learner's, arriving after its successor's
                     self.counters["weights.stale_epoch"] += 1
                     return Ack(ok=False, note=f"epoch {epoch}: the learner is at epoch {self.learner_epoch}")
+                # a new epoch's first word (a restarted learner's): its version stands even if lower, as its
+                # LearnerResumed says (which may have been lost: the learner gives up on it after a few tries)
+                newer = epoch > self.learner_epoch
                 self.learner_epoch = epoch
-                if version > self.learner_version:
+                if newer or version > self.learner_version:
                     self.learner_version = version
                     self.counters["learner.version"] = version
                     self.save_state()
@@ -366,16 +370,18 @@ class Coordinator(Actor):
         if rej.episode_id in self.handed_back:  # a retried request, or handed back by worker and learner
             self.counters["episodes.rejected_again"] += 1
             return Ack(note=f"episode {rej.episode_id!r}: its sample was handed out again already")
+        if rej.episode_id in self.after_last_update:
+            self.counters["episodes.rejected_again"] += 1
+            return Ack(ok=False, note=f"episode {rej.episode_id!r}: taken already, after the last update")
         end = self.ended.get(rej.episode_id)
         if end is None or end.status != "completed":
             self.counters["episodes.rejection_refused"] += 1
             return Ack(ok=False, note=f"episode {rej.episode_id!r} did not end completed: not handed out")
-        why = "undelivered" if rej.undelivered else "rejected_by_learner"
-        self.counters[f"episodes.{why}"] += 1
         self.delivering.pop(rej.episode_id, None)
-        task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
-        ending = self.closing or self.no_more_groups
-        if self.updates_made():  # expected at the end of a run: the learner shuts down after its last update
+        if self.mode == "train" and not self.closing and (self.no_more_groups or self.updates_made()):
+            # the end of a run, not a fault: the learner shuts down after its last update. Not handed out
+            # again (a learner restarted from an older checkpoint hands its whole group out again)
+            self.after_last_update.add(rej.episode_id)
             self.counters["episodes.after_last_update"] += 1
             log.info(
                 "episode %s of %s not trained (%s): the last update is made",
@@ -384,6 +390,10 @@ class Coordinator(Actor):
                 rej.reason,
             )
             return Ack(ok=False, note="the learner's last update is made: not handed out again")
+        why = "undelivered" if rej.undelivered else "rejected_by_learner"
+        self.counters[f"episodes.{why}"] += 1
+        task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
+        ending = self.closing or self.no_more_groups
         if self.mode != "train" or ending or task is None or not 0 <= rej.sample_index < self.n_samples:
             return Ack(ok=False, note="not handed out again: the run is ending, or no such task or sample")
         if self.admitted_groups.get(rej.group_id) != rej.task_id:
@@ -501,11 +511,7 @@ class Coordinator(Actor):
         key = (todo.group_id, todo.sample_index)
         if ended.env_error:
             self.env_errors[key].append(ended.env_error)
-        if (
-            ended.status == "retried"
-            and (self.no_more_groups or self.updates_made())
-            and todo.eval_version < 0
-        ):
+        if ended.status == "retried" and self.no_more_groups and todo.eval_version < 0:
             # the learner made its updates: a training episode cut short now is not played again
             self.counters["episodes.cut_by_end"] += 1
             self._final(key, todo, ended, "aborted", run)

@@ -463,7 +463,7 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
     )
 
 
-def test_once_the_last_version_is_out_training_samples_are_held_until_the_learner_completes():
+def test_once_the_last_version_is_out_training_samples_are_held_until_the_learner_completes(tmp_path):
     """The learner has published its last version (`train.updates`): a worker is handed that version's
     evaluation ahead of the training samples still queued, then told to wait, not "done" (the learner can
     still die before its checkpoint); an episode it could no longer take is not handed out again (quietly:
@@ -493,19 +493,33 @@ def test_once_the_last_version_is_out_training_samples_are_held_until_the_learne
         )
         ack = await conn.request(back)
         assert not ack.ok and "last update" in ack.note and len(coord.todo) == 3
-        assert coord.counters["episodes.after_last_update"] == 1
+        again = await conn.request(back)  # a repeated request: counted once
+        assert not again.ok and "taken already" in again.note
+        assert (
+            coord.counters["episodes.after_last_update"] == 1 and coord.counters["episodes.undelivered"] == 0
+        )
         await conn.request(EpisodeEnded(episode_id=ev.episode_id, status="completed", score=1.0, worker="w"))
-        # the learner dies before its checkpoint and restarts from version 1: handing out resumes
-        await conn.request(LearnerResumed(version=1, trained_groups=[], epoch=1))
-        assert not coord.updates_made()
-        again = await conn.request(WorkRequest(worker="w"))
-        assert isinstance(again, EpisodeAssignment) and again.mode == "train"
+        # the learner dies before its checkpoint and restarts from version 1; its LearnerResumed is lost,
+        # its first weights say the same: handing out resumes
+        await conn.request(WeightsPublished(version=1, epoch=1))
+        assert coord.learner_version == 1 and not coord.updates_made()
+        more = await conn.request(WorkRequest(worker="w"))
+        assert isinstance(more, EpisodeAssignment) and more.mode == "train"
         await conn.request(WeightsPublished(version=2, epoch=1))  # its last version: held again
         assert coord.updates_made()
+        # an environment fault now: the sample is kept (held), in case the learner restarts once more
+        cut = EpisodeEnded(episode_id=more.episode_id, status="retried", env_error="x", worker="w")
+        assert (await conn.request(cut)).ok
+        assert (coord.todo[0].group_id, coord.todo[0].sample_index) == (more.group_id, more.sample_index)
         queued = len([t for t in coord.todo if t.eval_version < 0])
-        assert queued > 0 and coord.end_training() == queued and not coord.updates_made()
-        ev = await conn.request(WorkRequest(worker="w"))
-        assert (ev.mode, ev.group_id) == ("eval", "eval@2e1/e0")
+        assert queued == 3 and coord.end_training() == queued and not coord.updates_made()
+        evs = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]  # the new epoch's versions
+        assert [(w.mode, w.group_id) for w in evs] == [("eval", "eval@1e1/e0"), ("eval", "eval@2e1/e0")]
+        (tmp_path / "metrics.jsonl").write_text(json.dumps({"version": 2, "time": 0.0}) + "\n")
+        snap = coord.snapshot()
+        summary, _ = train_summary(coord, snap, run_dir=tmp_path, sync=False, ckpt="c", seconds=1.0)
+        assert (summary["episodes_after_last_update"], summary["episodes_not_started_by_end"]) == (1, 3)
+        assert summary["episodes_undelivered"] == 0
 
     run(
         _with_coordinator(

@@ -6,24 +6,12 @@ import logging
 import os
 import re
 import socket
-from collections.abc import Iterator
 
 import pytest
 
 from guirl.log import log_fields, setup_logging
 
-
-@pytest.fixture(autouse=True)
-def restore_root_logger() -> Iterator[None]:
-    # setup_logging replaces the root logger's handlers (pytest's own among them); put them back.
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield
-    for handler in list(root.handlers):
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
+pytestmark = pytest.mark.usefixtures("restore_root_logger")  # tests/conftest.py
 
 
 TEXT_LINE = re.compile(

@@ -142,7 +142,12 @@ BAD_LEARN = [
 ]
 
 
-def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(tmp_path: Path, capsys) -> None:
+def test_guirl_learn_refuses_a_recipe_it_cannot_run_before_starting_anything(
+    tmp_path: Path, capsys, monkeypatch, restore_root_logger
+) -> None:
+    # run in-process, `guirl learn` sets up logging (the fixture puts pytest's back) and an environment
+    # variable (monkeypatch's record puts it back)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     for sets, message in BAD_LEARN:
         flags = [x for x in sets if x.startswith("--") or not x.count("=")]  # flags, then settings
         args = [
