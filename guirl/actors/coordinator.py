@@ -452,7 +452,7 @@ class Coordinator(Actor):
         if not self.todo or why == "updates made":
             if why == "updates made":
                 # not "done": the learner can still die before its checkpoint and restart from an older one
-                return NoWork(retry_after_s=0.5, reason="the last update is made: waiting for the learner")
+                return NoWork(retry_after_s=2.0, reason="the last update is made: waiting for the learner")
             if why == "staleness":
                 return NoWork(retry_after_s=0.5, reason="staleness: waiting for the learner's next version")
             if self.running:
