@@ -108,6 +108,25 @@ def noise_points(s0: float | None, s1: float | None, n: int) -> float:
     return 200 * math.sqrt((s0 * (1 - s0) + s1 * (1 - s1)) / n)
 
 
+def caveat(s0: float | None, s1: float | None, n: int) -> str:
+    """What a newcomer should not read into the change from S0 to S1 on `n` held-out tasks ("" if nothing)."""
+    if s0 is None or s1 is None:
+        return ""
+    if s0 >= 1.0:
+        return (
+            f"the warm start already succeeded on all {n} held-out tasks: GRPO had no room to show a rise "
+            "(another --seed draws other tasks; docs/desktop-learning.md)"
+        )
+    gain, noise = round(100 * (s1 - s0), 1), noise_points(s0, s1, n)
+    if abs(gain) < noise:
+        return (
+            f"a change of {gain:+.1f} points is within two standard errors of the two evaluations "
+            f"({noise:.1f} points for {n} tasks): at this budget the run shows the loop and the warm start, "
+            "not learning (docs/desktop-learning.md)"
+        )
+    return ""
+
+
 class _Stage:
     """Loads the recipe's config with the stage's settings on top."""
 
@@ -292,14 +311,9 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
         file=out,
         flush=True,
     )
-    noise = noise_points(s0, s1, plan.test_tasks)
-    if gain is not None and abs(gain) < noise:  # what a newcomer should not read into it
-        print(
-            f"[learn] a change of {gain:+.1f} points is within two standard errors of the two evaluations "
-            f"({noise:.1f} points for {plan.test_tasks} tasks): at this budget the run shows the loop and "
-            "the warm start, not learning (docs/desktop-learning.md)",
-            file=out,
-        )
+    said = caveat(s0, s1, plan.test_tasks)
+    if said:
+        print(f"[learn] {said}", file=out)
     result: dict[str, Any] = {
         "run_dir": str(run),
         "S0": s0,

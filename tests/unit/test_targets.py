@@ -269,3 +269,13 @@ def test_tasks_generate_goals_flag(tmp_path: Path, capsys) -> None:
     assert json.loads((tmp_path / "b" / "suite.json").read_text())["goals"] is None
     for task in (tmp_path / "b" / "examples" / "targets").iterdir():
         assert "--goals" not in json.loads(task.read_text())["config"][0]["parameters"]["command"]
+
+
+def test_the_learn_summary_says_what_a_change_does_not_show() -> None:
+    from guirl.learn import caveat, noise_points
+
+    assert round(noise_points(0.781, 1.0, 32), 1) == 14.6
+    assert caveat(0.781, 1.0, 32) == ""  # +21.9 points: more than two standard errors
+    assert "within two standard errors" in caveat(0.594, 0.406, 32)  # -18.8 points, 24.6 of noise
+    assert "no room" in caveat(1.0, 1.0, 32) and "no room" in caveat(1.0, 0.969, 32)
+    assert caveat(None, 0.5, 32) == "" and caveat(0.5, None, 32) == ""
