@@ -112,12 +112,12 @@ def caveat(s0: float | None, s1: float | None, n: int) -> str:
     """What a newcomer should not read into the change from S0 to S1 on `n` held-out tasks ("" if nothing)."""
     if s0 is None or s1 is None:
         return ""
-    if s0 >= 1.0:
+    gain, noise = round(100 * (s1 - s0), 1), noise_points(s0, s1, n)
+    if s0 >= 1.0 and -gain <= noise:  # a fall beyond the noise is shown as the fall it is
         return (
             f"the warm start already succeeded on all {n} held-out tasks: GRPO had no room to show a rise "
             "(another --seed draws other tasks; docs/desktop-learning.md)"
         )
-    gain, noise = round(100 * (s1 - s0), 1), noise_points(s0, s1, n)
     if abs(gain) < noise:
         return (
             f"a change of {gain:+.1f} points is within two standard errors of the two evaluations "

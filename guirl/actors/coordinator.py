@@ -144,6 +144,7 @@ class Coordinator(Actor):
         self.batch_size = batch_size
         self.max_staleness = max_staleness
         self.last_version = last_version
+        self.last_version_epoch = -1  # the lineage epoch whose learner published the last version (-1: none)
         self.learner_version = 0
         self.admitted = 0  # episodes admitted (first attempts; a retry replaces, it does not add)
         self.groups = 0
@@ -235,11 +236,10 @@ class Coordinator(Actor):
                 if epoch < self.learner_epoch:  # a dead learner's, arriving after its successor's
                     self.counters["weights.stale_epoch"] += 1
                     return Ack(ok=False, note=f"epoch {epoch}: the learner is at epoch {self.learner_epoch}")
-                # a new epoch's first word (a restarted learner's): its version stands even if lower, as its
-                # LearnerResumed says (which may have been lost: the learner gives up on it after a few tries)
-                newer = epoch > self.learner_epoch
-                self.learner_epoch = epoch
-                if newer or version > self.learner_version:
+                self.learner_epoch = epoch  # a restarted learner's first word, if its LearnerResumed was lost
+                if 0 < self.last_version <= version:
+                    self.last_version_epoch = epoch
+                if version > self.learner_version:
                     self.learner_version = version
                     self.counters["learner.version"] = version
                     self.save_state()
@@ -564,12 +564,15 @@ class Coordinator(Actor):
         self.counters["eval.rounds"] += 1
 
     def updates_made(self) -> bool:
-        """The learner has published its last version: a training sample handed out or handed back now
-        would never be trained. Not yet the end of training: until the learner has completed it can die and
-        restart from an older checkpoint (`LearnerResumed` lowers `learner_version`, and handing out
-        resumes)."""
+        """The learner (of the current lineage epoch) has published its last version: a training sample handed
+        out or handed back now would never be trained. Not yet the end of training: until the learner has
+        completed it can die and restart from an older checkpoint, a new epoch, and handing out resumes
+        (whether the new epoch is first heard of from its `LearnerResumed` or, that lost, its weights)."""
         return (
-            self.mode == "train" and not self.no_more_groups and 0 < self.last_version <= self.learner_version
+            self.mode == "train"
+            and not self.no_more_groups
+            and self.last_version_epoch >= 0
+            and self.last_version_epoch == self.learner_epoch
         )
 
     def _eval_first(self) -> bool:

@@ -278,4 +278,5 @@ def test_the_learn_summary_says_what_a_change_does_not_show() -> None:
     assert caveat(0.781, 1.0, 32) == ""  # +21.9 points: more than two standard errors
     assert "within two standard errors" in caveat(0.594, 0.406, 32)  # -18.8 points, 24.6 of noise
     assert "no room" in caveat(1.0, 1.0, 32) and "no room" in caveat(1.0, 0.969, 32)
+    assert caveat(1.0, 0.5, 32) == ""  # a real fall from the top is not explained away
     assert caveat(None, 0.5, 32) == "" and caveat(0.5, None, 32) == ""
