@@ -314,6 +314,11 @@ def run_learn(plan: LearnPlan, *, out: TextIO = sys.stdout) -> dict:
     said = caveat(s0, s1, plan.test_tasks)
     if said:
         print(f"[learn] {said}", file=out)
+    print(
+        "[learn] one run on one suite seed: its change varies from seed to seed (measured spread: README, "
+        "docs/desktop-learning.md); compare runs with other --seed values before reading it as learning",
+        file=out,
+    )
     result: dict[str, Any] = {
         "run_dir": str(run),
         "S0": s0,
