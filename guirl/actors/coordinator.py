@@ -393,8 +393,8 @@ class Coordinator(Actor):
         why = "undelivered" if rej.undelivered else "rejected_by_learner"
         self.counters[f"episodes.{why}"] += 1
         task = next((t for t in self.tasks if t.task_id == rej.task_id), None)
-        ending = self.closing or self.no_more_groups
-        if self.mode != "train" or ending or task is None or not 0 <= rej.sample_index < self.n_samples:
+        # (a train run whose learner completed took the branch above)
+        if self.mode != "train" or self.closing or task is None or not 0 <= rej.sample_index < self.n_samples:
             return Ack(ok=False, note="not handed out again: the run is ending, or no such task or sample")
         if self.admitted_groups.get(rej.group_id) != rej.task_id:
             return Ack(ok=False, note=f"group {rej.group_id!r} is not one in play: not handed out again")
@@ -449,10 +449,10 @@ class Coordinator(Actor):
         why = self._refill() if not self.todo else ""
         if self.todo and self.updates_made() and not self._eval_first():
             why = "updates made"  # the training samples queued are held, not handed out
-        if not self.todo or why == "updates made":
-            if why == "updates made":
-                # not "done": the learner can still die before its checkpoint and restart from an older one
-                return NoWork(retry_after_s=2.0, reason="the last update is made: waiting for the learner")
+        if why == "updates made":
+            # not "done": the learner can still die before its checkpoint and restart from an older one
+            return NoWork(retry_after_s=2.0, reason="the last update is made: waiting for the learner")
+        if not self.todo:
             if why == "staleness":
                 return NoWork(retry_after_s=0.5, reason="staleness: waiting for the learner's next version")
             if self.running:

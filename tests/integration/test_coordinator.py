@@ -417,6 +417,16 @@ def test_periodic_evaluation_in_train_mode(tmp_path):
     )
 
 
+# a train run of groups of four samples, one group per update, evaluated at every version
+ONE_GROUP_OF_FOUR = {"mode": "train", "n_samples": 4, "batch_size": 1, "max_staleness": 1, "eval_every": 1}
+
+
+def _summary(coord: Coordinator, run_dir, *, version: int) -> dict:
+    """The run's `summary.json` as `guirl train` writes it, for a learner whose last version is `version`."""
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"version": version, "time": 0.0}) + "\n")
+    return train_summary(coord, coord.snapshot(), run_dir=run_dir, sync=False, ckpt="c", seconds=1.0)[0]
+
+
 def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at_once(tmp_path):
     """Once the learner's last update is made, the training samples still queued (their groups will never be
     trained) are dropped and counted (in the run's summary too), and the evaluation of the last version is
@@ -434,9 +444,7 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
         assert coord.no_more_groups and not [t for t in coord.todo if t.eval_version < 0]
         assert coord.counters["episodes.not_started_by_end"] == len(queued)
         assert coord.end_training() == 0  # nothing left to drop
-        (tmp_path / "metrics.jsonl").write_text(json.dumps({"version": 1, "time": 0.0}) + "\n")
-        snap = coord.snapshot()
-        summary, _ = train_summary(coord, snap, run_dir=tmp_path, sync=False, ckpt="c", seconds=1.0)
+        summary = _summary(coord, tmp_path, version=1)
         assert summary["episodes_not_started_by_end"] == len(queued)
         ev = [await conn.request(WorkRequest(worker="w")) for _ in range(2)]
         assert [(w.mode, w.task_id) for w in ev] == [("eval", "e0"), ("eval", "e1")]
@@ -448,19 +456,7 @@ def test_the_end_of_training_drops_queued_samples_so_the_last_evaluation_runs_at
         ack = await conn.request(EpisodeEnded(episode_id=first.episode_id, status="completed", score=0.0))
         assert ack.ok
 
-    run(
-        _with_coordinator(
-            cfg,
-            _tasks(2),
-            body,
-            mode="train",
-            n_samples=4,
-            batch_size=1,
-            max_staleness=1,
-            eval_tasks=evals,
-            eval_every=1,
-        )
-    )
+    run(_with_coordinator(cfg, _tasks(2), body, eval_tasks=evals, **ONE_GROUP_OF_FOUR))
 
 
 def test_once_the_last_version_is_out_training_samples_are_held_until_the_learner_completes(tmp_path):
@@ -516,23 +512,8 @@ def test_once_the_last_version_is_out_training_samples_are_held_until_the_learne
         assert queued == 3 and coord.end_training() == queued and not coord.updates_made()
         # its versions 1 and 2 (after a lost LearnerResumed) are not evaluated again: nothing is left
         assert isinstance(await conn.request(WorkRequest(worker="w")), NoWork)
-        (tmp_path / "metrics.jsonl").write_text(json.dumps({"version": 2, "time": 0.0}) + "\n")
-        snap = coord.snapshot()
-        summary, _ = train_summary(coord, snap, run_dir=tmp_path, sync=False, ckpt="c", seconds=1.0)
+        summary = _summary(coord, tmp_path, version=2)
         assert (summary["episodes_after_last_update"], summary["episodes_not_started_by_end"]) == (1, 3)
         assert summary["episodes_undelivered"] == 0
 
-    run(
-        _with_coordinator(
-            cfg,
-            _tasks(2),
-            body,
-            mode="train",
-            n_samples=4,
-            batch_size=1,
-            max_staleness=1,
-            last_version=2,
-            eval_tasks=evals,
-            eval_every=1,
-        )
-    )
+    run(_with_coordinator(cfg, _tasks(2), body, eval_tasks=evals, last_version=2, **ONE_GROUP_OF_FOUR))
