@@ -95,6 +95,7 @@ class _Episode:
     reward: float | None = None  # a rule reward (GUI-R1 mode) instead of the outcome reward of `score`
     reward_parts: dict[str, float] = field(default_factory=dict)
     evaluation_errors: list[str] = field(default_factory=list)  # what scored 0 by raising (see evaluate)
+    evaluation: dict[str, Any] = field(default_factory=dict)  # how the score was reached (see evaluate)
 
     def add_sample(self, step: int, prompt: Any, response: PolicyResponse, action_line: str) -> None:
         """Keep a step as a training sample: the engine's exact tokens, each prompt image once."""
@@ -397,6 +398,8 @@ class EnvWorker(Actor):
             result.update(reward=episode.reward, reward_parts=episode.reward_parts)
         if episode.evaluation_errors:
             result["evaluation_errors"] = episode.evaluation_errors
+        if episode.evaluation and not env_error:
+            result["evaluation"] = episode.evaluation
         write_json_atomic(episode.dir / "result.json", result)
         ended = EpisodeEnded(
             episode_id=ep.episode_id,
@@ -454,7 +457,7 @@ class EnvWorker(Actor):
                     if lease.broken:
                         raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
                     episode.score = float(await evaluate(task, client, ctx))
-                    episode.evaluation_errors = ctx.evaluation_errors
+                    episode.evaluation_errors, episode.evaluation = ctx.evaluation_errors, ctx.evaluation
         finally:
             keepalive.cancel()
             await self.pool.release(lease.lease_id)
@@ -679,6 +682,7 @@ class EnvWorker(Actor):
                     )
                 except PromptTooLong as exc:
                     raise EnvFault(f"the prompt does not fit the token budget: {exc}") from None
+                tp = time.monotonic()
                 response = await self._ask(ep, step, prompt)
                 t1 = time.monotonic()
                 if lease.broken:  # never act on a VM that was taken back while the policy thought
@@ -704,7 +708,10 @@ class EnvWorker(Actor):
                     parsed = self._parse(response.text, prompt.image_sizes[-1])
                 except ParseError as exc:
                     episode.outcome, episode.parse_error = "parse_error", f"{exc.code}: {exc}"
-                    record.update(parse_error=episode.parse_error, timing={"infer_s": round(t1 - t0, 4)})
+                    record.update(
+                        parse_error=episode.parse_error,
+                        timing={"prompt_s": round(tp - t0, 4), "infer_s": round(t1 - t0, 4)},
+                    )
                     traj.write(json.dumps(record) + "\n")
                     if ep.mode == "train":  # an unparseable response is the policy's: it is trained on
                         episode.add_sample(step, prompt, response, "")
@@ -720,7 +727,11 @@ class EnvWorker(Actor):
                     actions=[msgspec.to_builtins(a) for a in parsed.actions],
                     dropped_calls=parsed.dropped_calls,
                     refused=refused,
-                    timing={"infer_s": round(t1 - t0, 4), "act_s": round(t2 - t1, 4)},
+                    timing={
+                        "prompt_s": round(tp - t0, 4),
+                        "infer_s": round(t1 - t0, 4),
+                        "act_s": round(t2 - t1, 4),
+                    },
                 )
                 traj.write(json.dumps(record) + "\n")
                 traj.flush()

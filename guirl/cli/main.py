@@ -555,6 +555,50 @@ def cmd_prm_score(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    import signal
+    from pathlib import Path
+
+    from guirl.errors import InputError
+    from guirl.view import build
+    from guirl.view.serve import Server
+
+    root = Path(args.run_dir)
+    if not root.is_dir():
+        raise InputError(f"guirl view: {args.run_dir}: no such directory")
+    if args.compare and args.versions:
+        raise InputError("guirl view: --compare (another run) or --versions (two of this run's), not both")
+    if not 0 <= args.port <= 65535:
+        raise InputError(f"guirl view: --port {args.port}: not a port")
+    extra = {"compare": args.compare, "versions": tuple(args.versions) if args.versions else None}
+    if args.compare and not Path(args.compare).is_dir():
+        raise InputError(f"guirl view: --compare {args.compare}: no such directory")
+    try:
+        if not args.serve:
+            built = build(root, **extra)
+            print(built.line())
+            for problem in built.problems[:20]:
+                print(f"[view] not shown: {problem}")
+            return 0
+        server = Server(root, port=args.port, interval_s=args.interval, **extra)
+    except (FileNotFoundError, ValueError) as exc:
+        raise InputError(f"guirl view: {exc}") from exc
+    except OSError as exc:  # the port is taken
+        raise InputError(f"guirl view: cannot serve on 127.0.0.1:{args.port}: {exc}") from exc
+    try:
+        server.rebuild_if_changed(sys.stdout)
+    except (FileNotFoundError, ValueError) as exc:
+        server.httpd.server_close()
+        raise InputError(f"guirl view: {exc}") from exc
+    signal.signal(signal.SIGTERM, lambda *_: server.stop.set())
+    print(f"[view] serving {server.url} (rebuilt as the run writes; Ctrl-C to stop)", flush=True)
+    try:
+        server.run(sys.stdout)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from guirl.cli.replay import add_arguments as replay_arguments
 
@@ -716,6 +760,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("words", nargs="*", metavar="DIR | show RUN", help="a results directory, or `show RUN`")
     _config_args(p)
     p.set_defaults(func=cmd_runs)
+    p = sub.add_parser(
+        "view",
+        help="a run as a static site (run page, task table, episodes with their actions drawn, compare)",
+        description="guirl view RUN_DIR: writes RUN_DIR/view/, a site that works from file:// and offline "
+        "(open view/index.html). --serve serves it on 127.0.0.1 and rebuilds it as the run writes.",
+    )
+    p.add_argument("run_dir", help="a run directory, or a folder of runs (guirl learn's)")
+    p.add_argument("--compare", metavar="OTHER_RUN", help="also compare this run with another, task by task")
+    p.add_argument(
+        "--versions",
+        nargs=2,
+        metavar=("A", "B"),
+        help="compare two evaluation rounds of a train run (default: its first and last)",
+    )
+    p.add_argument("--serve", action="store_true", help="serve on loopback, rebuilding while the run goes on")
+    p.add_argument("--port", type=int, default=8765, help="the port for --serve (0: any free one)")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between looks for changes (--serve)")
+    p.set_defaults(func=cmd_view)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(func=lambda a: print(__version__) or 0)
     _mark(parser)

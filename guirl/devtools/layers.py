@@ -38,7 +38,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         ),
     ),
     ("roles", ("guirl.actors",)),
-    ("assembly", ("guirl.roles", "guirl.report", "guirl.chaos", "guirl.status", "guirl.runs", "guirl.plot")),
+    (
+        "assembly",
+        (
+            "guirl.roles",
+            "guirl.report",
+            "guirl.chaos",
+            "guirl.status",
+            "guirl.runs",
+            "guirl.plot",
+            "guirl.view",
+        ),
+    ),
     ("drivers", ("guirl.eval", "guirl.train", "guirl.sft", "guirl.demo", "guirl.prm_offline", "guirl.learn")),
     ("command lines", ("guirl.cli", "guirl.__main__", "guirl.devtools")),
 )

@@ -184,6 +184,7 @@ async def _run(args: argparse.Namespace, root: str) -> int:
                 "steps": episode.steps,
                 "refused": episode.refused,
                 "evaluation_errors": ctx.evaluation_errors,
+                "evaluation": ctx.evaluation,
             }
         )
     )

@@ -55,7 +55,15 @@ def _unreachable(exc: BaseException) -> bool:
 
 
 async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
-    """The task's score in [0, 1] for the episode whose actions are `ctx.actions`."""
+    """The task's score in [0, 1] for the episode whose actions are `ctx.actions`; how it was reached is
+    left in `ctx.evaluation` (`result.json`'s `evaluation`, shown by `guirl view`)."""
+    ctx.evaluation = {"conj": task.evaluator.conj, "metrics": []}
+    score = await _evaluate(task, client, ctx)
+    ctx.evaluation["score"] = score
+    return score
+
+
+async def _evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
     ev = task.evaluator
     try:
         await run_setup(client, ev.postconfig, ctx, where="evaluator.postconfig")
@@ -66,8 +74,10 @@ async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
             raise EvaluationError(f"{task.id}: postconfig: {exc}") from exc
         _note(ctx, task, f"postconfig: {exc}")
     if task.infeasible:
+        ctx.evaluation.update(infeasible=True, agent_said_fail=_failed(ctx.actions))
         return 1.0 if _failed(ctx.actions) else 0.0
     if _failed(ctx.actions):
+        ctx.evaluation["agent_said_fail"] = True
         return 0.0
     funcs = task.funcs
     n = len(funcs)
@@ -79,14 +89,19 @@ async def evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
             raise EvaluationError(f"{task.id}: {exc}") from exc
         options = _at(ev.options, i, n) or {}
         expected_cfg = _at(ev.expected, i, n)
-        score = await _score(task, name, metric, _at(ev.result, i, n), expected_cfg, options, client, ctx)
+        entry: dict[str, Any] = {"metric": name, "options": _preview(options)}
+        ctx.evaluation["metrics"].append(entry)
+        score = await _score(
+            task, name, metric, _at(ev.result, i, n), expected_cfg, options, client, ctx, entry
+        )
         if not 0.0 <= score <= 1.0:  # NaN included: a metric's bug must not become a reward
             _note(ctx, task, f"evaluator {name} gave {score!r}, outside [0, 1]: scored 0")
             score = 0.0
-        if ev.conj == "and" and score == 0.0:
-            return 0.0
-        if ev.conj == "or" and score == 1.0:
-            return 1.0
+        entry["score"] = score
+        if (ev.conj == "and" and score == 0.0) or (ev.conj == "or" and score == 1.0):
+            if i + 1 < n:
+                ctx.evaluation["not_run"] = list(funcs[i + 1 :])
+            return score
         scores.append(score)
     if not scores:
         return 0.0
@@ -102,14 +117,18 @@ async def _score(
     options: dict[str, Any],
     client: VMClient,
     ctx: TaskContext,
+    entry: dict[str, Any],
 ) -> float:
-    """One metric's score. What the episode left behind (the result) can fail to be read or scored: that
-    scores 0. The gold side cannot: an expected value that cannot be fetched, a gold file the metric fails
-    on (its error names the file, or the metric fails on the gold file against itself), a library missing
-    on this host, are the task's or the host's faults."""
+    """One metric's score (what the getters returned is previewed into `entry`). What the episode left
+    behind (the result) can fail to be read or scored: that scores 0. The gold side cannot: an expected
+    value that cannot be fetched, a gold file the metric fails on (its error names the file, or the metric
+    fails on the gold file against itself), a library missing on this host, are the task's or the host's
+    faults."""
+    entry["result_getter"] = _getter_type(result_cfg)
     try:
         result = await get(result_cfg, client, ctx)
     except FileNotFoundError:
+        entry["result"] = "(no such file on the VM)"
         return 0.0
     except UnsupportedGetter as exc:
         raise EvaluationError(f"{task.id}: {exc}") from exc
@@ -118,11 +137,13 @@ async def _score(
             raise EvaluationError(f"{task.id}: evaluator {name}: the VM did not answer: {exc}") from exc
         _note(ctx, task, f"evaluator {name}: the result could not be read: {type(exc).__name__}: {exc}")
         return 0.0
+    entry["result"] = _preview(result)
     expected = None
     # only what the host holds is gold; an `expected` read from the VM (the original on the Desktop, the
     # agent's own output) may be what the policy spoiled
     gold = bool(expected_cfg) and isinstance(expected_cfg, dict) and expected_cfg.get("type") in GOLD_GETTERS
     if expected_cfg:
+        entry["expected_getter"] = _getter_type(expected_cfg)
         try:
             expected = await get(expected_cfg, client, ctx)
         except UnsupportedGetter as exc:
@@ -135,6 +156,7 @@ async def _score(
                 ) from exc
             _note(ctx, task, f"evaluator {name}: the expected value could not be read: {type(exc).__name__}")
             return 0.0
+        entry["expected"] = _preview(expected)
     args = (result, expected) if expected_cfg else (result,)
     try:
         # metrics read files (spreadsheets, documents): off the event loop
@@ -153,6 +175,33 @@ async def _score(
             ) from exc
         _note(ctx, task, f"evaluator {name} failed: {type(exc).__name__}: {exc}")
         return 0.0
+
+
+PREVIEW_CHARS = 400
+"""How much of a getter's value `result.json` keeps (a file is kept as its name and size)."""
+
+
+def _getter_type(cfg: Any) -> str:
+    if isinstance(cfg, dict):
+        return str(cfg.get("type", ""))
+    if isinstance(cfg, list):
+        return ", ".join(_getter_type(c) for c in cfg)
+    return ""
+
+
+def _preview(value: Any) -> Any:
+    """A getter's value as the run's viewer shows it: JSON-safe and short. A path to a file on this host is
+    its name and size (the file itself stays in the episode's cache/), anything else its repr, cut."""
+    if isinstance(value, list) and len(value) <= 8:
+        return [_preview(v) for v in value]
+    if isinstance(value, dict) and len(value) <= 16:
+        return {str(k): _preview(v) for k, v in value.items()}
+    if isinstance(value, str) and len(value) < 4096 and os.path.isfile(value):
+        return f"file {os.path.basename(value)} ({os.path.getsize(value)} bytes)"
+    if isinstance(value, bool | int | float) or value is None:
+        return value
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + f"… ({len(text)} characters)"
 
 
 GOLD_GETTERS = frozenset({"cloud_file", "cache_file", "rule", "rule_relativeTime"})

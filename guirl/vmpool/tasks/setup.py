@@ -45,6 +45,10 @@ class TaskContext:
     evaluation_errors: list[str] = field(default_factory=list)
     """What went wrong while scoring (a metric that raised, a getter the VM answered with an error, a
     postconfig step the VM refused): each scored what OSWorld scores it, 0, and is recorded here."""
+    evaluation: dict[str, Any] = field(default_factory=dict)
+    """How the score was reached, for the run's viewer (`result.json`'s `evaluation`): each metric with what
+    its getters returned (previewed: a file as its name and size, a value cut to a few hundred characters),
+    its options and score, how they were joined, and the final score."""
     devtools_url: str | None = None
     """The DevTools endpoint of the VM's Chrome (`http://HOST:PORT`, Chrome's --remote-debugging-port), for
     the browser's setup steps and getters; None where the VM's browser cannot be reached."""

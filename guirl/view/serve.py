@@ -1,0 +1,101 @@
+"""`guirl view RUN_DIR --serve`: the site on loopback, rebuilt while the run writes.
+
+The run directory is served read-only on 127.0.0.1 (never another interface: a run holds its configuration
+and checkpoints). Every `interval_s` the run's files are looked at (their sizes and modification times, a
+few thousand `stat` calls for a thousand episodes); when something changed the site is rebuilt
+(incrementally). `view/build.json` says which build last wrote each page; an open page polls it and
+reloads when its own page was written again.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TextIO
+
+from guirl.view.site import SITE, build, is_run
+
+RUN_FILES = ("summary.json", "metrics.jsonl", "eval.jsonl", "episodes.jsonl", "advantages.jsonl", "sft.jsonl")
+EPISODE_FILES = ("result.json", "traj.jsonl", "prm.jsonl", "final.png")
+
+
+def fingerprint(root: Path) -> tuple:
+    """What a rebuild depends on, cheaply: sizes and modification times of the run's files."""
+    out: list[Any] = []
+
+    def stat(path: str) -> None:
+        try:
+            st = os.stat(path)
+            out.append((path, st.st_mtime_ns, st.st_size))
+        except OSError:
+            pass
+
+    runs = [root] if is_run(root) else [c for c in sorted(root.iterdir()) if c.is_dir() and is_run(c)]
+    for run in runs:
+        for name in RUN_FILES:
+            stat(os.path.join(run, name))
+        try:
+            tasks = list(os.scandir(run / "episodes"))
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                eps = list(os.scandir(task.path))
+            except OSError:
+                continue
+            for ep in eps:
+                out.append(ep.path)
+                for name in EPISODE_FILES:
+                    stat(os.path.join(ep.path, name))
+    return tuple(sorted(out, key=str))
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    def end_headers(self) -> None:
+        self.send_header("Cache-Control", "no-store")
+        super().end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base class's name)
+        pass
+
+
+class Server:
+    """The HTTP server on its thread, and the rebuild loop (`run`, on the caller's thread)."""
+
+    def __init__(self, root: Path, *, port: int = 0, interval_s: float = 2.0, **build_args: Any) -> None:
+        self.root = root.resolve()
+        self.interval_s = interval_s
+        self.build_args = build_args
+        handler = functools.partial(_Handler, directory=str(self.root))
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.stop = threading.Event()
+        self._seen: tuple | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}/{SITE}/index.html"
+
+    def rebuild_if_changed(self, out: TextIO | None = None) -> bool:
+        now = fingerprint(self.root)
+        if now == self._seen:
+            return False
+        built = build(self.root, **self.build_args)
+        self._seen = now
+        if out is not None:
+            print(built.line(), file=out, flush=True)
+        return True
+
+    def run(self, out: TextIO | None = None) -> None:
+        thread = threading.Thread(target=self.httpd.serve_forever, name="view-http", daemon=True)
+        thread.start()
+        try:
+            while not self.stop.wait(self.interval_s):
+                self.rebuild_if_changed(out)
+        finally:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            thread.join()

@@ -1,0 +1,231 @@
+"""`guirl view` in a real browser (headless Chromium), on the run directories of a real short eval (the
+scripted backend on local desktops, one VM killed) and a real short train run (the tiny model): what a
+person would see. Screenshots of the pages are saved as test artifacts (tests/browser.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from guirl.config.schema import ENV_VARS
+from tests.browser import box, centre, chromium, on_image
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
+FAST = [
+    *("--set", "runtime.heartbeat_interval_s=0.25", "--set", "runtime.heartbeat_liveness=20"),
+    *("--set", "logging.level=WARNING"),
+]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+
+
+def _run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        [*GUIRL, *args], capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out
+
+
+def _only_run(root: Path) -> Path:
+    (run_dir,) = [p for p in root.iterdir() if p.is_dir()]
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def eval_run(tmp_path_factory) -> Path:
+    """The shipped terminal tasks played by their reference solutions (clicks, typing, keys, FAIL on the
+    infeasible one), the first episode's VM killed at its second step (an environment error, retried)."""
+    root = tmp_path_factory.mktemp("eval")
+    _run(
+        *("eval", "--config", str(ROOT / "configs" / "local_eval.toml"), "--backend", "scripted"),
+        *("--domain", "terminal", "--max-steps", "15", "--set", "faults.kill_vm_at_step=1"),
+        *("--set", f"run.root_dir={root}", *FAST),
+    )
+    return _only_run(root)
+
+
+@pytest.fixture(scope="module")
+def train_run(tmp_path_factory, tiny_ckpt) -> Path:
+    """Two GRPO updates of the tiny model (its text rarely parses: policy failures), advantages logged."""
+    root = tmp_path_factory.mktemp("train")
+    _run(
+        *("train", "--config", str(ROOT / "configs" / "local_rl.toml"), "--ckpt", tiny_ckpt, "--sync"),
+        *("--updates", "2", "--max-steps", "2", "--set", "train.log_advantages=true"),
+        *("--set", f"run.root_dir={root}", *FAST),
+    )
+    return _only_run(root)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with chromium() as b:
+        yield b
+    # nothing any page asked for left this machine, and no script failed
+    assert b.requests and not b.refused, b.refused
+    assert not b.errors, b.errors
+
+
+def _episodes(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(run_dir.glob("episodes/*/*/result.json"))]
+
+
+def _page(run_dir: Path, *parts: str) -> str:
+    return (run_dir / "view").joinpath(*parts).as_uri()
+
+
+def test_eval_run_page_and_task_table(eval_run, browser):
+    out = _run("view", str(eval_run))
+    assert "[view]" in out.stdout and "4 episodes" in out.stdout, out.stdout
+    with browser.page(_page(eval_run, "index.html")) as page:
+        # the environment error apart from the policy's results, with its episode linked
+        env = page.locator("#env-errors")
+        assert env.inner_text() == "Environment errors (1)"
+        broken = next(e for e in _episodes(eval_run) if e["env_error"])
+        row = page.locator("table", has=page.locator(f"text={broken['episode_id']}")).first
+        assert "VM" in row.inner_text()
+        domains = page.locator("table", has_text="accuracy").first.inner_text()
+        assert "terminal" in domains and "100.0%" in domains
+        browser.screenshot(page, "eval-run-page", full_page=True)
+    with browser.page(_page(eval_run, "tasks.html")) as page:
+        rows = page.locator("#tasks tbody tr")
+        assert rows.count() == 3
+        # sorting by task name descending, then filtering by text and by outcome
+        heading = page.locator("#tasks th", has_text="task").nth(0)
+        heading.click()
+        heading.click()
+        names = [r.inner_text().split("\t")[1].strip() for r in rows.all()]
+        assert names == sorted(names, reverse=True), names
+        page.fill("#filter", "rename")
+        visible = [r for r in rows.all() if r.is_visible()]
+        assert len(visible) == 1 and "terminal-rename" in visible[0].inner_text()
+        assert page.locator("#shown").inner_text() == "1"
+        page.fill("#filter", "")
+        page.select_option("#outcome", "fail")
+        visible = [r for r in rows.all() if r.is_visible()]
+        assert len(visible) == 1 and "infeasible" in visible[0].inner_text()
+        page.select_option("#outcome", "")
+        # every task's thumbnail loaded
+        assert page.locator("#tasks img.thumb").count() == 3
+        assert all(i.evaluate("i => i.naturalWidth") > 0 for i in page.locator("#tasks img.thumb").all())
+        browser.screenshot(page, "eval-task-table")
+
+
+def test_episode_page_draws_each_action_where_it_was_recorded(eval_run, browser):
+    done = next(
+        e for e in _episodes(eval_run) if e["task_id"] == "terminal-echo-hello" and e["status"] == "completed"
+    )
+    folder = eval_run / "episodes" / done["task_id"] / done["episode_id"]
+    lines = [json.loads(x) for x in (folder / "traj.jsonl").read_text().splitlines()]
+    clicks = [(line["step"], a) for line in lines for a in line["actions"] if a["type"] == "click"]
+    typed = [(line["step"], a) for line in lines for a in line["actions"] if a["type"] == "type"]
+    assert clicks and typed
+    with browser.page(_page(eval_run, "e", done["task_id"], f"{done['episode_id']}.html")) as page:
+        assert page.locator("section.step").count() == len(lines)
+        for step, click in clicks:
+            section = f"section#step-{step}"
+            want = on_image(page, f"{section} .shot img", click["x"], click["y"])
+            got = centre(box(page, f"{section} .click-marker"))
+            assert abs(got[0] - want[0]) < 1.5 and abs(got[1] - want[1]) < 1.5, (got, want)
+        step, text = typed[0]
+        assert text["text"].strip() in page.locator(f"section#step-{step} .typed").text_content()
+        # what the evaluator did: the task's metric, what its getter returned, the score
+        task = json.loads(
+            (ROOT / "tasks" / "local" / "examples" / "terminal" / "terminal-echo-hello.json").read_text()
+        )
+        metrics = page.locator(".evaluation table.metrics").inner_text()
+        assert task["evaluator"]["func"] in metrics and "1.0" in metrics
+        assert page.locator(".shot img[alt='the final screen']").count() == 1
+        browser.screenshot(page, "eval-episode-page", full_page=True)
+
+
+def test_train_run_curves_parse_errors_and_advantages(train_run, browser):
+    _run("view", str(train_run))
+    with browser.page(_page(train_run, "index.html")) as page:
+        for metric in ("reward_mean", "success_rate", "clipfrac", "approx_kl", "entropy", "version_lag_mean"):
+            plot = page.locator(f"figure.plot[data-metric='{metric}']")
+            assert plot.is_visible(), metric
+            assert plot.locator("circle.point").count() == 2, metric  # one per update
+        assert page.locator("figure.plot[data-metric='env_utilisation'] circle.point").count() == 2
+        browser.screenshot(page, "train-run-page", full_page=True)
+    failed = [e for e in _episodes(train_run) if e["outcome"] == "parse_error"]
+    assert failed, "the tiny model's text parsed every time: no policy failure to look at"
+    ep = failed[0]
+    with browser.page(_page(train_run, "e", ep["task_id"], f"{ep['episode_id']}.html")) as page:
+        shown = page.locator(".parse-error").first
+        assert shown.is_visible() and ep["parse_error"][:60] in shown.inner_text()
+        assert "Policy failure" in shown.inner_text()
+        lines = [
+            json.loads(x)
+            for x in (train_run / "episodes" / ep["task_id"] / ep["episode_id"] / "traj.jsonl")
+            .read_text()
+            .splitlines()
+        ]
+        assert (
+            lines[-1]["response"][:40]
+            in page.locator(f"section#step-{lines[-1]['step']} pre.response").inner_text()
+        )
+        trained = [
+            json.loads(x)
+            for x in (train_run / "advantages.jsonl").read_text().splitlines()
+            if json.loads(x)["episode_id"] == ep["episode_id"]
+        ]
+        if trained:  # the step's credit, as the learner logged it
+            credit = page.locator(f"section#step-{trained[0]['step']} .advantage").inner_text()
+            assert f"{trained[0]['advantage']:+.4f}" in credit
+        browser.screenshot(page, "train-episode-parse-error", full_page=True)
+
+
+def test_serve_rebuilds_while_the_run_writes(eval_run, browser, tmp_path):
+    run = tmp_path / eval_run.name
+    shutil.copytree(eval_run, run, ignore=shutil.ignore_patterns("view", "vms"))
+    proc = subprocess.Popen(
+        [*GUIRL, "view", str(run), "--serve", "--port", "0", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
+    try:
+        url = ""
+        for line in proc.stdout:  # the first build, then the address
+            if line.startswith("[view] serving "):
+                url = line.split()[2]
+                break
+        assert url.startswith("http://127.0.0.1:"), url
+        browser.allowed_prefixes = ("file://", url.rsplit("/view/", 1)[0] + "/")
+        with browser.page(url.replace("index.html", "tasks.html")) as page:
+            assert page.locator("#tasks tbody tr").count() == 3
+            # the run goes on: a new task's episode appears on disk, and the open page shows it
+            src = next((run / "episodes" / "terminal-rename").iterdir())
+            shutil.copytree(src, run / "episodes" / "terminal-new-task" / "ep09999")
+            page.wait_for_selector("#tasks tbody tr >> text=terminal-new-task", timeout=30_000)
+            assert page.locator("#tasks tbody tr").count() == 4
+    finally:
+        browser.allowed_prefixes = ("file://",)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=30)
+        err = proc.stderr.read()
+    assert rc == 0, err[-2000:]
+
+
+def test_bad_arguments_are_clear_errors(tmp_path, eval_run):
+    for args, said in (
+        ((str(tmp_path / "nope"),), "no such directory"),
+        ((str(tmp_path),), "not a run directory"),
+        ((str(eval_run), "--versions", "1", "2"), "no evaluation round"),
+        ((str(eval_run), "--compare", str(tmp_path / "nope")), "no such directory"),
+    ):
+        out = subprocess.run([*GUIRL, "view", *args], capture_output=True, text=True, env=_env(), cwd=ROOT)
+        assert out.returncode == 2 and said in out.stderr, (args, out.stderr)
