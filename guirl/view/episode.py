@@ -190,6 +190,12 @@ def _grounding_marks(line: dict, size: tuple[int, int]) -> tuple[_Marks, str]:
     return m, text
 
 
+def _rounded(v: Any) -> Any:
+    if isinstance(v, list):
+        return [round(x, 1) if isinstance(x, float) else x for x in v]
+    return v
+
+
 def _pre(label: str, text: Any, cls: str = "") -> str:
     return f"<h3>{esc(label)}</h3><pre class='{cls}'>{esc(text)}</pre>"
 
@@ -338,7 +344,8 @@ def _step(run: Run, ep: Episode, line: dict, prm: dict[int, list[dict]], pointer
     if grounding:
         gt = line.get("ground_truth") or {}
         side.append(
-            "<h3>ground truth</h3>" + H.kv([(k, v) for k, v in gt.items()] if isinstance(gt, dict) else [])
+            "<h3>ground truth</h3>"
+            + H.kv([(k, _rounded(v)) for k, v in gt.items()] if isinstance(gt, dict) else [])
         )
         parts = line.get("reward_parts") if isinstance(line.get("reward_parts"), dict) else {}
         side.append(

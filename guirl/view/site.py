@@ -533,6 +533,8 @@ def _env_utilisation(run: Run) -> list[tuple[float, float]]:
     for _, d in events:
         live += d
         slots = max(slots, live)
+    if slots == 0:
+        return []
     out = []
     prev = min(a for a, _ in spans.values())
     for m in run.metrics:

@@ -121,6 +121,48 @@ def test_eval_on_held_out_rows_reports_grounding_metrics(tmp_path, sft_model):
     assert all(0.0 <= g[k] <= 1.0 for k in ("step_success", "type_accuracy", "format_rate"))
     assert summary["accuracy"] == g["step_success"]
     assert "step success" in out.stdout and "grounding" in out.stdout
+    _rows_in_the_browser(run_dir)
+
+
+def _rows_in_the_browser(run_dir: Path) -> None:
+    """`guirl view`: each row's image with its ground-truth box and the predicted point where they are,
+    and the reward's parts, as a person sees them in Chromium."""
+    from guirl.agent.unified import parse_answer
+    from guirl.view import build
+    from tests.browser import box, centre, chromium, on_image
+
+    build(run_dir)
+    with chromium() as browser:
+        for i, result in enumerate(sorted(run_dir.glob("episodes/*/*/result.json"))):
+            folder = result.parent
+            line = json.loads((folder / "traj.jsonl").read_text())
+            with browser.page(
+                (run_dir / "view" / "e" / folder.parent.name / f"{folder.name}.html").as_uri()
+            ) as page:
+                img = "section#step-0 .shot img"
+                x1, y1, x2, y2 = line["ground_truth"]["bbox"]
+                shown = box(page, "section#step-0 .gt-box")
+                if (x1, y1) == (x2, y2):
+                    want = on_image(page, img, x1, y1)
+                    assert all(abs(a - b) < 1.5 for a, b in zip(centre(shown), want, strict=True))
+                else:
+                    (left, top), (right, bottom) = on_image(page, img, x1, y1), on_image(page, img, x2, y2)
+                    got = (shown["x"], shown["y"], shown["x"] + shown["width"], shown["y"] + shown["height"])
+                    # (the box as drawn: its outline's half width, 1.5 image pixels, outside the box's edges)
+                    assert all(abs(a - b) < 3 for a, b in zip(got, (left, top, right, bottom), strict=True))
+                parsed = parse_answer(line["response"])
+                point = parsed.actions[0].point if parsed.actions else None
+                if point:
+                    want = on_image(page, img, *point)
+                    got = centre(box(page, "section#step-0 .pred-point"))
+                    assert all(abs(a - b) < 1.5 for a, b in zip(got, want, strict=True)), (got, want)
+                else:
+                    assert page.locator(".pred-point").count() == 0
+                parts = page.locator("table.reward-parts").inner_text()
+                assert all(k in parts for k in line["reward_parts"])
+                if i == 0:
+                    browser.screenshot(page, "gui-r1-row", full_page=True)
+    assert not browser.refused and not browser.errors, (browser.refused, browser.errors)
 
 
 def test_a_broken_rows_file_is_a_clear_error(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,16 @@ def test_an_evaluator_that_raises_scores_zero_and_only_a_silent_vm_is_an_environ
             ctx = _ctx(tmp_path, "post")
             assert await evaluate(refused_post, client, ctx) == 1.0
             assert len(ctx.evaluation_errors) == 1 and "postconfig" in ctx.evaluation_errors[0]
+            # how the score was reached, as result.json keeps it for `guirl view`
+            assert ctx.evaluation["score"] == 1.0 and ctx.evaluation["conj"] == "and"
+            [m] = ctx.evaluation["metrics"]
+            assert (m["metric"], m["result_getter"], m["result"], m["expected_getter"], m["score"]) == (
+                "exact_match",
+                "vm_command_line",
+                "hi\n",
+                "rule",
+                1.0,
+            )
 
     run(main(), timeout=120)
 
@@ -262,7 +273,13 @@ def test_a_gold_side_failure_is_never_the_policys_zero(tmp_path):
             file_server(files) as (url, _hits),
             VMClient(f"unix://{tmp_path}/no-vm.sock", retries=1) as unused,  # cloud files need no VM
         ):
-            assert await evaluate(scored(url, "answer.docx", "gold.docx"), unused, _ctx(tmp_path, "a")) == 1.0
+            ctx = _ctx(tmp_path, "a")
+            assert await evaluate(scored(url, "answer.docx", "gold.docx"), unused, ctx) == 1.0
+            # a file the getters brought here is kept as its name and size, never its bytes
+            [m] = ctx.evaluation["metrics"]
+            assert re.fullmatch(r"file \S+\.docx \(\d+ bytes\)", m["result"]) and m["expected"].startswith(
+                "file "
+            )
             with pytest.raises(EvaluationError, match="expected value could not be obtained"):
                 await evaluate(scored(url, "answer.docx", "missing.docx"), unused, _ctx(tmp_path, "b"))
             with pytest.raises(EvaluationError, match="cannot score the gold file against itself"):

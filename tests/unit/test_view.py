@@ -1,0 +1,245 @@
+"""`guirl view`'s site from hand-made run directories: hostile text stays text, what cannot be read is
+listed, marks are placed at the recorded coordinates, compare, a folder of runs, incremental rebuilds.
+(The same site in a real browser, on real runs: tests/e2e/test_viewer.py.)"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from guirl.view import build
+from guirl.view.episode import draw_actions
+from guirl.view.html import line_plot
+from guirl.view.serve import fingerprint
+
+HOSTILE = '</pre><script>window.pwned=1</script><img src=x onerror="alert(1)">'
+
+
+def _png(w: int = 320, h: int = 200) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (40, 90, 160)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _episode(run: Path, task: str, ep: str, *, result: dict, lines: list, prm: list | None = None) -> Path:
+    folder = run / "episodes" / task / ep
+    folder.mkdir(parents=True)
+    for i in range(len(lines)):
+        (folder / f"step_{i:03d}.png").write_bytes(_png())
+    (folder / "final.png").write_bytes(_png())
+    (folder / "traj.jsonl").write_text(
+        "".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines)
+    )
+    (folder / "result.json").write_text(json.dumps({"episode_id": ep, "task_id": task, **result}))
+    if prm:
+        (folder / "prm.jsonl").write_text("".join(json.dumps(v) + "\n" for v in prm))
+    return folder
+
+
+def _result(**kw) -> dict:
+    base = {
+        "status": "completed",
+        "outcome": "done",
+        "score": 1.0,
+        "steps": 1,
+        "env_error": "",
+        "parse_error": "",
+    }
+    return {**base, **kw}
+
+
+def _step(step: int, actions: list, **kw) -> dict:
+    return {"step": step, "screenshot": f"step_{step:03d}.png", "response": "ok", "actions": actions, **kw}
+
+
+def _all_html(site: Path) -> dict[str, str]:
+    return {str(p.relative_to(site)): p.read_text() for p in site.rglob("*.html")}
+
+
+@pytest.fixture
+def train_run(tmp_path: Path) -> Path:
+    run = tmp_path / "local-rl-20261203-000000-abcd"
+    run.mkdir()
+    (run / "config.toml").write_text('[run]\nname = "local-rl"\n')
+    metrics = [
+        {"version": v, "time": 100.0 + 10 * v, "reward_mean": r, "entropy": 0.4, "clipfrac": 0.0}
+        for v, r in ((1, -0.5), (2, float("nan")), (3, 0.5))
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    (run / "eval.jsonl").write_text(
+        json.dumps({"version": 1, "accuracy": 0.0, "domains": {"d": 0.0}, "scored": 1})
+        + "\n"
+        + json.dumps({"version": 3, "accuracy": 1.0, "domains": {"d": 1.0}, "scored": 1})
+        + "\n"
+    )
+    assigned = [
+        ("ep1", "t1", "t1@0"),
+        ("ep2", "t1", "eval@1/t1"),
+        ("ep3", "t1", "eval@3/t1"),
+        ("ep4", HOSTILE.replace("/", "|"), "g"),
+    ]
+    (run / "episodes.jsonl").write_text(
+        "".join(
+            json.dumps({"time": 100.0 + i + d, "kind": k, "episode_id": e, "task_id": t, "group_id": g})
+            + "\n"
+            for i, (e, t, g) in enumerate(assigned)
+            for k, d in (("assigned", 0), ("ended", 5))
+        )
+        + "this line is not JSON\n"
+    )
+    (run / "advantages.jsonl").write_text(
+        json.dumps({"version": 1, "episode_id": "ep1", "step": 0, "reward": 1.0, "advantage": 0.70711}) + "\n"
+    )
+    _episode(
+        run,
+        "t1",
+        "ep1",
+        result=_result(steps=2),
+        lines=[
+            _step(0, [{"type": "click", "x": 100, "y": 50}, {"type": "type", "text": HOSTILE}]),
+            _step(1, [{"type": "drag_to", "to_x": 300, "to_y": 150}, {"type": "key", "keys": ["ctrl", "s"]}]),
+        ],
+        prm=[
+            {
+                "step": 0,
+                "score": 1.0,
+                "votes": 3,
+                "invalid": 0,
+                "vote_scores": [1, 1, 1],
+                "answers": [HOSTILE],
+            }
+        ],
+    )
+    _episode(
+        run, "t1", "ep2", result=_result(score=0.0, outcome="fail"), lines=[_step(0, [{"type": "fail"}])]
+    )
+    _episode(run, "t1", "ep3", result=_result(), lines=[_step(0, [{"type": "done"}])])
+    bad = {
+        "step": 0,
+        "screenshot": "../../../../etc/passwd",
+        "response": HOSTILE,
+        "parse_error": "bad: " + HOSTILE,
+    }
+    _episode(
+        run,
+        HOSTILE.replace("/", "|"),
+        "ep4",
+        result=_result(outcome="parse_error", score=0.0, parse_error="bad: " + HOSTILE),
+        lines=[bad, "{cut short"],
+    )
+    (run / "episodes" / "t1" / "ep5").mkdir()
+    (run / "episodes" / "t1" / "ep5" / "result.json").write_text("{not json")
+    return run
+
+
+def test_hostile_text_is_shown_as_text_never_run(train_run: Path) -> None:
+    built = build(train_run)
+    pages = _all_html(built.site)
+    assert len(pages) >= 8
+    for name, text in pages.items():
+        # the only script on any page is the site's own
+        assert re.findall(r"<script[^>]*>", text) == [
+            re.search(r'<script src="[./]*assets/view\.js">', text)[0]
+        ]
+        assert "<img src=x" not in text and "<script>window" not in text, name
+    ep4 = next(t for n, t in pages.items() if n.endswith("ep4.html"))
+    assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in ep4 and "parse-error" in ep4
+    # a recorded screenshot name that is a path is never followed
+    assert "etc/passwd" not in re.sub(r"<pre.*?</pre>", "", ep4, flags=re.S).split("result.json")[0]
+    assert "step_000.png" in ep4
+
+
+def test_what_cannot_be_read_is_listed_not_dropped(train_run: Path) -> None:
+    built = build(train_run)
+    listed = "\n".join(built.problems)
+    assert "episodes.jsonl: 1 line(s) not JSON objects" in listed
+    assert "episodes/t1/ep5/result.json: not readable as JSON" in listed
+    assert "traj.jsonl: 1 line(s) not JSON objects" in listed
+    index = (built.site / "index.html").read_text()
+    assert "Not shown" in index and "ep5/result.json" in index
+
+
+def test_curves_leave_out_and_count_points_that_are_not_finite(train_run: Path) -> None:
+    index = (build(train_run).site / "index.html").read_text()
+    reward = re.search(r'<figure class=plot data-metric="reward_mean">.*?</figure>', index, re.S)[0]
+    assert reward.count("<circle class=point") == 2 and "1 point(s) not finite" in reward
+    assert 'data-metric="eval_accuracy"' in index and 'data-metric="env_utilisation"' in index
+    assert line_plot("x", "x", [("x", [(1, float("inf"))])]) == ""
+
+
+def test_episode_marks_sit_on_the_recorded_pixels(train_run: Path) -> None:
+    page = (build(train_run).site / "e" / "t1" / "ep1.html").read_text()
+    assert '<svg viewBox="0 0 320 200"' in page
+    assert '<g class="click-marker" data-x="100" data-y="50">' in page
+    # drag_to starts where the pointer was left (the click of the step before)
+    assert '<g class="drag-path" data-x="100" data-y="50" data-to-x="300" data-to-y="150">' in page
+    assert "key ctrl+s" in page and "Credit in training" in page and "+0.7071" in page
+    assert "Process reward (the judge)" in page and "1, 1, 1" in page
+    marks = draw_actions(
+        [{"type": "scroll", "amount": -3}, {"type": "nonsense"}, "x"], (100, 50), [None, None]
+    )
+    assert 'class="scroll-marker" data-x="50" data-y="25"' in marks.markup()
+
+
+def test_compare_versions_and_runs(train_run: Path, tmp_path: Path) -> None:
+    build(train_run)  # a train run with two evaluation rounds compares its first and last
+    page = (train_run / "view" / "compare.html").read_text()
+    assert "version 1 → version 3" in page.replace("&gt;", ">").replace("→", "→")
+    assert re.search(r'data-outcomes="better".*t1', page, re.S)
+    with pytest.raises(ValueError, match="no evaluation round at version"):
+        build(train_run, versions=("1", "7"))
+    other = tmp_path / "other"
+    _episode(
+        other, "t1", "epA", result=_result(score=0.0, outcome="fail"), lines=[_step(0, [{"type": "fail"}])]
+    )
+    build(train_run, compare=other)
+    page = (train_run / "view" / "compare.html").read_text()
+    assert "../../other/view/e/t1/epA.html" in page and "In one side only" in page
+
+
+def test_grounding_row_shows_the_box_and_the_predicted_point(tmp_path: Path) -> None:
+    run = tmp_path / "gui-r1"
+    line = {
+        "step": 0,
+        "screenshot": "step_000.png",
+        "response": "<think>x</think><answer>[{'action': 'click', 'point': [40, 60], "
+        "'input_text': 'no input text'}]</answer>",
+        "ground_truth": {"action": "click", "bbox": [10, 20, 110, 90], "input_text": ""},
+        "reward": 1.0,
+        "reward_parts": {"format": 1.0, "type": 1.0, "point": 1.0, "accuracy": 1.0},
+    }
+    _episode(run, "row-1", "ep1", result=_result(reward=1.0, reward_parts=line["reward_parts"]), lines=[line])
+    page = (build(run).site / "e" / "row-1" / "ep1.html").read_text()
+    assert 'class="gt-box" data-box="10,20,110,90"' in page
+    assert '<g class="pred-point" data-x="40" data-y="60">' in page
+    assert "reward-parts" in page and "accuracy" in page
+
+
+def test_a_folder_of_runs_and_incremental_rebuilds(train_run: Path) -> None:
+    root = train_run.parent
+    (root / "learn.json").write_text(json.dumps({"S0": 0.5, "S1": 1.0, "curve": [[3, 10.0, 1.0]]}))
+    first = build(root)
+    index = (root / "view" / "index.html").read_text()
+    assert f"../{train_run.name}/view/index.html" in index and 'data-metric="learn_curve"' in index
+    again = build(train_run)
+    assert again.pages_reused == again.episodes and again.thumbs == 0 and first.episodes == again.episodes
+    before = fingerprint(train_run)
+    result = train_run / "episodes" / "t1" / "ep3" / "result.json"
+    result.write_text(json.dumps({**json.loads(result.read_text()), "score": 0.0, "outcome": "fail"}))
+    assert fingerprint(train_run) != before
+    third = build(train_run)
+    assert third.pages_reused == again.episodes - 1
+    written = json.loads((train_run / "view" / "build.json").read_text())["written"]
+    assert written["e/t1/ep3.html"] == written["index.html"] > written["e/t1/ep1.html"]
+
+
+def test_not_a_run_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        build(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no such directory"):
+        build(tmp_path / "missing")
