@@ -7,6 +7,7 @@ that is not a PNG) is listed on the run page under "Not shown", never silently d
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -245,14 +246,19 @@ class _Writer:
     def keep(self, rel: str, signature: Any) -> bool:
         """The page is there and its inputs did not change: kept as it is."""
         self.signatures[rel] = signature
-        if self.old.get(rel) == signature and (self.site / rel).exists() and rel in self.written_at:
+        stamped = rel in self.written_at or not rel.endswith(".html")
+        if self.old.get(rel) == signature and stamped and (self.site / rel).exists():
             self.reused += 1
             return True
         return False
 
     def write(self, rel: str, text: str, signature: Any = None) -> None:
+        """Write a page unless it is there as it would be written (its inputs' signature, or else a hash of
+        its text): an open page reloads only when its own content changed."""
         path = self.site / rel
-        if signature is not None and self.keep(rel, signature):
+        if signature is None:
+            signature = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
+        if self.keep(rel, signature):
             return
         if rel.endswith(".html"):
             text = text.replace(
@@ -494,9 +500,10 @@ def _run_page(run: Run, has_compare: bool) -> str:
     scalars = [(k, v) for k, v in s.items() if not isinstance(v, list | dict)]
     if scalars:
         parts.append("<h2>Summary</h2>" + H.kv(scalars))
+        shown = {k: v for k, v in s.items() if k != "results"}  # the results are the task table
         parts.append(
-            "<details><summary>summary.json</summary><pre>"
-            + esc(json.dumps(s, indent=1)[:200_000])
+            "<details><summary>summary.json (its results: the task table)</summary><pre>"
+            + esc(json.dumps(shown, indent=1)[:200_000])
             + "</pre></details>"
         )
     if run.config:
