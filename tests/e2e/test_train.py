@@ -1,6 +1,7 @@
 """`guirl train` end to end: real actor processes (broker with the tiny model, learner, env worker with
 local desktops), decoupled and `--sync`: versions advance, metrics per update, a summary. The decoupled
-run trains on 2 learner ranks (FSDP2 over gloo) and logs to an offline W&B run."""
+run trains on 2 learner ranks (FSDP2 over gloo) and logs to an offline W&B run; the `--sync` run logs each
+step's advantage and is looked at through `guirl view` in Chromium (tests/viewer_checks.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 
 from guirl.config.schema import ENV_VARS
 from tests.helpers import history, read_records
+from tests.viewer_checks import check_train_site
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIRL = [sys.executable, str(ROOT / "bin" / "guirl")]
@@ -43,7 +45,8 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
         "2",
         "--set",
         f"run.root_dir={tmp_path}",
-        *(["--sync"] if sync else ["--set", "train.ranks=2", "--set", "wandb.mode=offline", *BUSY]),
+        *(["--sync", "--set", "train.log_advantages=true"] if sync else []),
+        *([] if sync else ["--set", "train.ranks=2", "--set", "wandb.mode=offline", *BUSY]),
     ]
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
@@ -83,6 +86,8 @@ def test_train_makes_its_updates(tmp_path, tiny_ckpt, sync):
         assert [r["version"] for r in rows] == [1, 2] and [r["_step"] for r in rows] == [1, 2]
         assert all("env/utilisation" in r and r["samples"] >= 4 for r in rows)
         assert (run_dir / "logs" / "learner-rank1.log").is_file()
+    if sync:  # the run as `guirl view` shows it, in Chromium
+        check_train_site(run_dir, updates=2)
 
 
 def test_train_with_the_sglang_backend_broadcasts_through_sglang_routes(tmp_path, tiny_ckpt):

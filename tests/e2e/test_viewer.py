@@ -1,6 +1,8 @@
-"""`guirl view` in a real browser (headless Chromium), on the run directories of a real short eval (the
-scripted backend on local desktops, one VM killed) and a real short train run (the tiny model): what a
-person would see. Screenshots of the pages are saved as test artifacts (tests/browser.py)."""
+"""`guirl view` in a real browser (headless Chromium), on the run directory of a real short eval (the
+scripted backend on local desktops, one VM killed): what a person would see. A real short train run's site
+is checked the same way by tests/e2e/test_train.py (its `--sync` run: `tests/viewer_checks.py`), a GUI-R1
+eval's by tests/e2e/test_gui_r1.py. Screenshots of the pages are saved as test artifacts
+(tests/browser.py)."""
 
 from __future__ import annotations
 
@@ -50,18 +52,6 @@ def eval_run(tmp_path_factory) -> Path:
     _run(
         *("eval", "--config", str(ROOT / "configs" / "local_eval.toml"), "--backend", "scripted"),
         *("--domain", "terminal", "--max-steps", "15", "--set", "faults.kill_vm_at_step=1"),
-        *("--set", f"run.root_dir={root}", *FAST),
-    )
-    return _only_run(root)
-
-
-@pytest.fixture(scope="module")
-def train_run(tmp_path_factory, tiny_ckpt) -> Path:
-    """Two GRPO updates of the tiny model (its text rarely parses: policy failures), advantages logged."""
-    root = tmp_path_factory.mktemp("train")
-    _run(
-        *("train", "--config", str(ROOT / "configs" / "local_rl.toml"), "--ckpt", tiny_ckpt, "--sync"),
-        *("--updates", "2", "--max-steps", "2", "--set", "train.log_advantages=true"),
         *("--set", f"run.root_dir={root}", *FAST),
     )
     return _only_run(root)
@@ -147,43 +137,6 @@ def test_episode_page_draws_each_action_where_it_was_recorded(eval_run, browser)
         assert task["evaluator"]["func"] in metrics and "1.0" in metrics
         assert page.locator(".shot img[alt='the final screen']").count() == 1
         browser.screenshot(page, "eval-episode-page", full_page=True)
-
-
-def test_train_run_curves_parse_errors_and_advantages(train_run, browser):
-    _run("view", str(train_run))
-    with browser.page(_page(train_run, "index.html")) as page:
-        for metric in ("reward_mean", "success_rate", "clipfrac", "approx_kl", "entropy", "version_lag_mean"):
-            plot = page.locator(f"figure.plot[data-metric='{metric}']")
-            assert plot.is_visible(), metric
-            assert plot.locator("circle.point").count() == 2, metric  # one per update
-        assert page.locator("figure.plot[data-metric='env_utilisation'] circle.point").count() == 2
-        browser.screenshot(page, "train-run-page", full_page=True)
-    failed = [e for e in _episodes(train_run) if e["outcome"] == "parse_error"]
-    assert failed, "the tiny model's text parsed every time: no policy failure to look at"
-    ep = failed[0]
-    with browser.page(_page(train_run, "e", ep["task_id"], f"{ep['episode_id']}.html")) as page:
-        shown = page.locator(".parse-error").first
-        assert shown.is_visible() and ep["parse_error"][:60] in shown.inner_text()
-        assert "Policy failure" in shown.inner_text()
-        lines = [
-            json.loads(x)
-            for x in (train_run / "episodes" / ep["task_id"] / ep["episode_id"] / "traj.jsonl")
-            .read_text()
-            .splitlines()
-        ]
-        assert (
-            lines[-1]["response"][:40]
-            in page.locator(f"section#step-{lines[-1]['step']} pre.response").inner_text()
-        )
-        trained = [
-            json.loads(x)
-            for x in (train_run / "advantages.jsonl").read_text().splitlines()
-            if json.loads(x)["episode_id"] == ep["episode_id"]
-        ]
-        if trained:  # the step's credit, as the learner logged it
-            credit = page.locator(f"section#step-{trained[0]['step']} .advantage").inner_text()
-            assert f"{trained[0]['advantage']:+.4f}" in credit
-        browser.screenshot(page, "train-episode-parse-error", full_page=True)
 
 
 def test_serve_rebuilds_while_the_run_writes(eval_run, browser, tmp_path):
