@@ -53,6 +53,15 @@ def real_eval(work: Path) -> Path:
     return run
 
 
+def _link_png(src: str, dst: str) -> None:
+    """Screenshots as hard links (no copy); every other file copied, so that writing it never writes the
+    source run's."""
+    if src.endswith(".png"):
+        os.link(src, dst)
+    else:
+        shutil.copy2(src, dst)
+
+
 def repeat(source: Path, dest: Path, episodes: int, tasks: int) -> Path:
     """A run of `episodes` episodes over `tasks` tasks, each a hard-linked copy of one of the source's."""
     folders = sorted(p.parent for p in source.glob("episodes/*/*/result.json"))
@@ -66,10 +75,9 @@ def repeat(source: Path, dest: Path, episodes: int, tasks: int) -> Path:
         src = folders[i % len(folders)]
         task_id, episode_id = f"{src.parent.name}-{i % tasks:04d}", f"ep{i:06d}"
         target = dest / "episodes" / task_id / episode_id
-        shutil.copytree(src, target, copy_function=os.link, ignore=shutil.ignore_patterns("cache"))
+        shutil.copytree(src, target, copy_function=_link_png, ignore=shutil.ignore_patterns("cache"))
         result = json.loads((src / "result.json").read_text())
         result.update(episode_id=episode_id, task_id=task_id, status=result.get("status") or "completed")
-        (target / "result.json").unlink()  # a link: the source's must stay as it is
         (target / "result.json").write_text(json.dumps(result))
         lines.append({"time": t0 + i, "kind": "assigned", "episode_id": episode_id, "task_id": task_id})
         lines.append(

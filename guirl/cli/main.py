@@ -570,24 +570,31 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise InputError("guirl view: --compare (another run) or --versions (two of this run's), not both")
     if not 0 <= args.port <= 65535:
         raise InputError(f"guirl view: --port {args.port}: not a port")
+    if not (0.05 <= args.interval <= 3600):  # NaN fails too
+        raise InputError(f"guirl view: --interval {args.interval}: give seconds between 0.05 and 3600")
     extra = {"compare": args.compare, "versions": tuple(args.versions) if args.versions else None}
     if args.compare and not Path(args.compare).is_dir():
         raise InputError(f"guirl view: --compare {args.compare}: no such directory")
-    try:
-        if not args.serve:
+    if not args.serve:
+        try:
             built = build(root, **extra)
-            print(built.line())
-            for problem in built.problems[:20]:
-                print(f"[view] not shown: {problem}")
-            return 0
+        except (FileNotFoundError, ValueError) as exc:
+            raise InputError(f"guirl view: {exc}") from exc
+        except OSError as exc:  # the site cannot be written (a read-only run directory)
+            raise InputError(f"guirl view: cannot write the site: {exc}") from exc
+        print(built.line())
+        for problem in built.problems[:20]:
+            print(f"[view] not shown: {problem}")
+        if len(built.problems) > 20:
+            print(f"[view] … and {len(built.problems) - 20} more: the run page lists them all")
+        return 0
+    try:
         server = Server(root, port=args.port, interval_s=args.interval, **extra)
-    except (FileNotFoundError, ValueError) as exc:
-        raise InputError(f"guirl view: {exc}") from exc
     except OSError as exc:  # the port is taken
         raise InputError(f"guirl view: cannot serve on 127.0.0.1:{args.port}: {exc}") from exc
     try:
         server.rebuild_if_changed(sys.stdout)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, OSError) as exc:
         server.httpd.server_close()
         raise InputError(f"guirl view: {exc}") from exc
     signal.signal(signal.SIGTERM, lambda *_: server.stop.set())

@@ -14,7 +14,7 @@ from typing import Any
 
 from guirl.view import html as H
 from guirl.view.html import esc, fmt
-from guirl.view.site import Episode, Run, _read_jsonl, href, png_size
+from guirl.view.site import Episode, Run, _read_jsonl, _strs, href, png_size
 
 
 def _shot(ep: Episode, name: str, up: str, marks: str, size: tuple[int, int] | None, alt: str) -> str:
@@ -146,6 +146,8 @@ def draw_actions(actions: list[Any], size: tuple[int, int], pointer: list[float 
                 pointer[:] = [tx, ty]
         elif kind == "scroll":
             amount = a.get("amount")
+            if x is not None and y is not None:  # a scroll at a point moves the pointer there first
+                pointer[:] = [x, y]
             sx = x if x is not None else (pointer[0] if pointer[0] is not None else m.w / 2)
             sy = y if y is not None else (pointer[1] if pointer[1] is not None else m.h / 2)
             axis = "horizontally" if a.get("horizontal") else ""
@@ -154,8 +156,7 @@ def draw_actions(actions: list[Any], size: tuple[int, int], pointer: list[float 
         elif kind == "type":
             m.label(f"type {json.dumps(str(a.get('text', '')), ensure_ascii=False)}", "typed")
         elif kind == "key":
-            keys = a.get("keys") if isinstance(a.get("keys"), list) else []
-            m.label("key " + "+".join(map(str, keys)), "keys")
+            m.label("key " + "+".join(_strs(a.get("keys"))), "keys")
         elif kind in ("done", "fail", "wait"):
             m.label(kind.upper() + (f" {a.get('seconds')} s" if kind == "wait" else ""), "terminal")
         else:
@@ -202,10 +203,10 @@ def _pre(label: str, text: Any, cls: str = "") -> str:
 
 def _prompt_text(line: dict) -> str:
     out = []
-    for msg in line.get("prompt") or []:
+    for msg in line.get("prompt") if isinstance(line.get("prompt"), list) else []:
         if not isinstance(msg, dict):
             continue
-        for part in msg.get("parts") or []:
+        for part in msg.get("parts") if isinstance(msg.get("parts"), list) else []:
             if isinstance(part, dict) and isinstance(part.get("text"), str):
                 out.append(f"[{msg.get('role')}] {part['text']}")
             elif isinstance(part, dict) and "image" in part:
@@ -227,9 +228,9 @@ def _prm(v: dict) -> str:
             ]
         )
     ]
-    for err in v.get("errors") or []:
+    for err in _strs(v.get("errors")):
         parts.append(f"<div class='box error'>{esc(err)}</div>")
-    for reason in v.get("invalid_reasons") or []:
+    for reason in _strs(v.get("invalid_reasons")):
         parts.append(f"<div class='muted'>invalid vote: {esc(reason)}</div>")
     if isinstance(answers, list):
         for i, a in enumerate(answers):
@@ -237,11 +238,12 @@ def _prm(v: dict) -> str:
     return "<div class='box prm'><h3>Process reward (the judge)</h3>" + "".join(parts) + "</div>"
 
 
-def episode_body(run: Run, ep: Episode) -> str:
+def episode_body(run: Run, ep: Episode, problems: list[str]) -> str:
+    """The page's body; what it cannot show is added to `problems`."""
     up = "../../../"
     r = ep.result
-    problems: list[str] = []
-    lines = _read_jsonl(ep.folder / "traj.jsonl", problems, run.root)
+    # once the episode has its result, a cut-short last line of traj.jsonl is a fault, not a write under way
+    lines = _read_jsonl(ep.folder / "traj.jsonl", problems, run.root, finished=bool(r))
     prm: dict[int, list[dict]] = {}
     for v in _read_jsonl(ep.folder / "prm.jsonl", problems, run.root):
         if isinstance(v.get("step"), int):
@@ -254,7 +256,7 @@ def episode_body(run: Run, ep: Episode) -> str:
         ("score", fmt(ep.score)),
         ("steps", fmt(r.get("steps"))),
         ("attempt", fmt(r.get("attempt"))),
-        ("policy versions", ", ".join(map(str, r.get("policy_versions") or []))),
+        ("policy versions", ", ".join(_strs(r.get("policy_versions")))),
         ("worker", r.get("worker", "")),
         ("seconds", fmt(r.get("seconds"))),
     ]
@@ -284,7 +286,7 @@ def episode_body(run: Run, ep: Episode) -> str:
         )
     pointer: list[float | None] = [None, None]
     for line in lines:
-        parts.append(_step(run, ep, line, prm, pointer, up))
+        parts.append(_step(run, ep, line, prm, pointer, up, problems))
     if not lines and (ep.folder / "traj.jsonl").exists() is False:
         parts.append(
             "<p class=muted>No steps recorded (traj.jsonl is missing: the episode never reached its "
@@ -297,7 +299,6 @@ def episode_body(run: Run, ep: Episode) -> str:
     parts.append(_evaluation(r))
     if problems:
         parts.append("<h2>Not shown</h2><ul>" + "".join(f"<li>{esc(p)}</li>" for p in problems) + "</ul>")
-        run.problems.extend(problems)
     parts.append(
         "<details><summary>result.json</summary><pre>"
         + esc(json.dumps(r, indent=1)[:100_000])
@@ -306,22 +307,29 @@ def episode_body(run: Run, ep: Episode) -> str:
     return "".join(parts)
 
 
-def _step(run: Run, ep: Episode, line: dict, prm: dict[int, list[dict]], pointer: list, up: str) -> str:
+def _step(
+    run: Run, ep: Episode, line: dict, prm: dict[int, list[dict]], pointer: list, up: str, problems: list[str]
+) -> str:
     step = line.get("step")
     shot_name = line.get("screenshot") if isinstance(line.get("screenshot"), str) else ""
     # a recorded name is only ever a file beside traj.jsonl
     if not shot_name or "/" in shot_name or "\\" in shot_name or shot_name.startswith("."):
         shot_name = f"step_{step:03d}.png" if isinstance(step, int) else ""
     size = png_size(ep.folder / shot_name) if shot_name else None
+    if size is None:
+        where = f"episodes/{ep.task_id}/{ep.episode_id}"
+        problems.append(
+            f"{where}: step {step}'s screenshot {shot_name or '(none recorded)'} is missing or not a PNG"
+        )
     grounding = "ground_truth" in line
+    actions = line.get("actions") if isinstance(line.get("actions"), list) else []
     side: list[str] = []
     marks = ""
-    if size is not None:
-        if grounding:
-            m, _ = _grounding_marks(line, size)
-        else:
-            m = draw_actions(line.get("actions") or [], size, pointer)
-        marks = m.markup()
+    if grounding and size is not None:
+        marks = _grounding_marks(line, size)[0].markup()
+    elif not grounding:  # the pointer is followed through a step whose screenshot cannot be shown, too
+        drawn = draw_actions(actions, size or (1, 1), pointer)
+        marks = drawn.markup() if size is not None else ""
     left = _shot(ep, shot_name, up, marks, size, f"step {step}")
     if line.get("parse_error"):
         side.append(
@@ -332,13 +340,11 @@ def _step(run: Run, ep: Episode, line: dict, prm: dict[int, list[dict]], pointer
     if line.get("action_line"):
         side.append(_pre("tool call / action", line["action_line"], "action-line"))
     if isinstance(line.get("actions"), list):
-        side.append(
-            _pre("parsed actions", json.dumps(line["actions"], ensure_ascii=False, indent=1), "actions")
-        )
+        side.append(_pre("parsed actions", json.dumps(actions, ensure_ascii=False, indent=1), "actions"))
     if line.get("refused"):
         side.append(
             "<div class='box error'><b>refused by the VM</b><pre>"
-            + esc("\n".join(map(str, line["refused"])))
+            + esc("\n".join(_strs(line["refused"]) or [str(line["refused"])]))
             + "</pre></div>"
         )
     if grounding:
@@ -441,7 +447,7 @@ def _evaluation(r: dict) -> str:
             )
         if ev.get("not_run"):
             out.append(
-                f"<p class=muted>not run (decided before them): {esc(', '.join(map(str, ev['not_run'])))}</p>"
+                f"<p class=muted>not run (decided before them): {esc(', '.join(_strs(ev['not_run'])))}</p>"
             )
     elif not r.get("env_error") and r.get("outcome") != "parse_error" and "reward_parts" not in r:
         out.append("<p class=muted>This run did not record how the score was reached.</p>")

@@ -1,7 +1,10 @@
 """`guirl view RUN_DIR --serve`: the site on loopback, rebuilt while the run writes.
 
-The run directory is served read-only on 127.0.0.1 (never another interface: a run holds its configuration
-and checkpoints). Every `interval_s` the run's files are looked at (their sizes and modification times, a
+The run directory's site and screenshots are served read-only on 127.0.0.1 (never another interface), and
+nothing else of it: only `view/`, `episodes/` (and a folder of runs' `curve.png` and its runs' own `view/`
+and `episodes/`); a run's configuration, checkpoints and VM folders are not served. A request whose `Host`
+is not this loopback address is refused (a web page elsewhere cannot reach it by rebinding a name to
+127.0.0.1). Every `interval_s` the run's files are looked at (their sizes and modification times, a
 few thousand `stat` calls for a thousand episodes); when something changed the site is rebuilt
 (incrementally). `view/build.json` says which build last wrote each page; an open page polls it and
 reloads when its own page was written again.
@@ -12,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import urllib.parse
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
@@ -19,12 +23,17 @@ from typing import Any, TextIO
 from guirl.view.site import SITE, build, is_run
 
 RUN_FILES = ("summary.json", "metrics.jsonl", "eval.jsonl", "episodes.jsonl", "advantages.jsonl", "sft.jsonl")
+GROUP_FILES = ("learn.json", "curve.json", "curve.png")
+SERVED = ("view", "episodes")
 EPISODE_FILES = ("result.json", "traj.jsonl", "prm.jsonl", "final.png")
 
 
-def fingerprint(root: Path) -> tuple:
-    """What a rebuild depends on, cheaply: sizes and modification times of the run's files."""
+def fingerprint(root: Path, *others: Path) -> tuple:
+    """What a rebuild depends on, cheaply: sizes and modification times of the run's files (and of the
+    runs it is compared with)."""
     out: list[Any] = []
+    for other in others:
+        out.append(fingerprint(other))
 
     def stat(path: str) -> None:
         try:
@@ -34,6 +43,8 @@ def fingerprint(root: Path) -> tuple:
             pass
 
     runs = [root] if is_run(root) else [c for c in sorted(root.iterdir()) if c.is_dir() and is_run(c)]
+    for name in GROUP_FILES if len(runs) != 1 or runs[0] != root else ():
+        stat(os.path.join(root, name))
     for run in runs:
         for name in RUN_FILES:
             stat(os.path.join(run, name))
@@ -54,6 +65,25 @@ def fingerprint(root: Path) -> tuple:
 
 
 class _Handler(SimpleHTTPRequestHandler):
+    hosts: frozenset[str] = frozenset()
+
+    def send_head(self) -> Any:
+        if self.headers.get("Host", "") not in self.hosts:
+            self.send_error(403, "not this server's address")
+            return None
+        parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
+        served = bool(parts) and (
+            parts[0] in SERVED or parts == ["curve.png"] or (len(parts) > 1 and parts[1] in SERVED)
+        )
+        if not served:
+            self.send_error(404, "only the site (view/) and the episodes' files are served")
+            return None
+        return super().send_head()
+
+    def list_directory(self, path: Any) -> Any:
+        self.send_error(404, "no listings")
+        return None
+
     def end_headers(self) -> None:
         self.send_header("Cache-Control", "no-store")
         super().end_headers()
@@ -69,8 +99,14 @@ class Server:
         self.root = root.resolve()
         self.interval_s = interval_s
         self.build_args = build_args
-        handler = functools.partial(_Handler, directory=str(self.root))
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
+        bound = self.httpd.server_address[1]
+        hosts = frozenset({f"127.0.0.1:{bound}", f"localhost:{bound}"})
+        self.httpd.RequestHandlerClass = functools.partial(  # type: ignore[assignment]
+            type("Handler", (_Handler,), {"hosts": hosts}), directory=str(self.root)
+        )
+        others = [build_args["compare"]] if build_args.get("compare") else []
+        self.others = [Path(o).resolve() for o in others]
         self.stop = threading.Event()
         self._seen: tuple | None = None
 
@@ -80,7 +116,7 @@ class Server:
         return f"http://{host}:{port}/{SITE}/index.html"
 
     def rebuild_if_changed(self, out: TextIO | None = None) -> bool:
-        now = fingerprint(self.root)
+        now = fingerprint(self.root, *self.others)
         if now == self._seen:
             return False
         built = build(self.root, **self.build_args)
@@ -94,7 +130,11 @@ class Server:
         thread.start()
         try:
             while not self.stop.wait(self.interval_s):
-                self.rebuild_if_changed(out)
+                try:
+                    self.rebuild_if_changed(out)
+                except Exception as exc:  # noqa: BLE001  (the run may be mid-write: try again next time)
+                    if out is not None:
+                        print(f"[view] rebuild failed, trying again: {type(exc).__name__}: {exc}", file=out)
         finally:
             self.httpd.shutdown()
             self.httpd.server_close()

@@ -13,7 +13,6 @@ import os
 import re
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +55,9 @@ def _read_json(path: Path, problems: list[str], root: Path) -> Any:
         return None
 
 
-def _read_jsonl(path: Path, problems: list[str], root: Path) -> list[dict]:
+def _read_jsonl(path: Path, problems: list[str], root: Path, *, finished: bool = False) -> list[dict]:
+    """The file's JSON objects; lines that are not are counted into `problems` (the last line of a file still
+    being written may be cut short: not counted, unless the file is `finished`)."""
     try:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
@@ -73,7 +74,7 @@ def _read_jsonl(path: Path, problems: list[str], root: Path) -> list[dict]:
             value = json.loads(line)
         except ValueError:
             # the last line of a file still being written may be cut short: not a problem yet
-            if i < len(lines) - 1 or text.endswith("\n"):
+            if i < len(lines) - 1 or text.endswith("\n") or finished:
                 bad += 1
             continue
         if isinstance(value, dict):
@@ -97,7 +98,7 @@ def png_size(path: Path) -> tuple[int, int] | None:
     try:
         with open(path, "rb") as f:
             head = f.read(24)
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a name with a NUL in it
         return None
     if len(head) < 24 or not head.startswith(b"\x89PNG\r\n\x1a\n") or head[12:16] != b"IHDR":
         return None
@@ -197,7 +198,15 @@ def load_run(root: Path) -> Run:
         p.append(f"episodes/: {exc}")
         tasks = []
     for task in sorted(tasks, key=lambda e: e.name):
+        if not _plain_name(task.name):
+            p.append(f"episodes/{task.name!r}: a task folder whose name is not UTF-8 text, left out")
+            continue
         for ep in sorted((e for e in os.scandir(task.path) if e.is_dir()), key=lambda e: e.name):
+            if not _plain_name(ep.name):
+                p.append(
+                    f"episodes/{task.name}/{ep.name!r}: an episode folder whose name is not UTF-8, left out"
+                )
+                continue
             folder = Path(ep.path)
             result = _read_json(folder / "result.json", p, root)
             if result is not None and not isinstance(result, dict):
@@ -205,6 +214,43 @@ def load_run(root: Path) -> Run:
                 result = None
             run.episodes.append(Episode(task.name, ep.name, folder, result or {}, assigned.get(ep.name, {})))
     return run
+
+
+def _plain_name(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept by Python as surrogates
+        return False
+    return True
+
+
+def _results(run: Run) -> list[dict]:
+    """The summary's per-task results that can be shown (a task id and an episode id as text)."""
+    results = run.summary.get("results")
+    if not isinstance(results, list):
+        return []
+    return [
+        r
+        for r in results
+        if isinstance(r, dict)
+        and isinstance(r.get("task_id"), str)
+        and isinstance(r.get("episode_id"), str | type(None))
+    ]
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _strs(v: Any) -> list[str]:
+    """A list of things to show as text (anything else: nothing)."""
+    return [str(x) for x in v] if isinstance(v, list) else []
+
+
+VIEW_CODE = hashlib.sha1(
+    b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py")))
+).hexdigest()[:12]
+"""The viewer's own code, in every kept page's signature: a new guirl writes every page again."""
 
 
 # -- building ----------------------------------------------------------------------------------------------
@@ -230,29 +276,38 @@ class Built:
 
 
 class _Writer:
-    """Writes the site's files (each atomically) and remembers, per page, the build that last wrote it:
-    `build.json`'s `written`, which an open page compares with its own `data-generation` to reload."""
+    """Writes the site's files (each atomically) and remembers, per page, what it was made from (its
+    signature), the build that last wrote it (`build.json`'s `written`, which an open page compares with its
+    own `data-generation` to reload) and what could not be shown on it (listed again when it is kept)."""
 
     def __init__(self, site: Path, previous: dict[str, Any]) -> None:
         self.site = site
         self.signatures: dict[str, Any] = {}
-        self.old: dict[str, Any] = previous.get("signatures") or {}
+        self.problems: dict[str, list[str]] = {}
+        old = previous.get("signatures")
+        self.old: dict[str, Any] = old if isinstance(old, dict) else {}
+        old_problems = previous.get("page_problems")
+        self.old_problems: dict[str, Any] = old_problems if isinstance(old_problems, dict) else {}
         old_written = previous.get("written")
         self.written_at: dict[str, int] = old_written if isinstance(old_written, dict) else {}
-        self.generation = int(previous.get("generation") or 0) + 1
+        # milliseconds: above every stamp an earlier build wrote, even when build.json was lost
+        self.generation = max(int(time.time() * 1000), _int(previous.get("generation")) + 1)
+        self.touched: set[str] = set()
         self.written = 0
         self.reused = 0
 
     def keep(self, rel: str, signature: Any) -> bool:
-        """The page is there and its inputs did not change: kept as it is."""
-        self.signatures[rel] = signature
+        """The page is there and what it is made of did not change: kept as it is (True)."""
         stamped = rel in self.written_at or not rel.endswith(".html")
         if self.old.get(rel) == signature and stamped and (self.site / rel).exists():
+            self.touched.add(rel)
+            self.signatures[rel] = signature
+            self.problems[rel] = _strs(self.old_problems.get(rel))
             self.reused += 1
             return True
         return False
 
-    def write(self, rel: str, text: str, signature: Any = None) -> None:
+    def write(self, rel: str, text: str, signature: Any = None, problems: list[str] | None = None) -> None:
         """Write a page unless it is there as it would be written (its inputs' signature, or else a hash of
         its text): an open page reloads only when its own content changed."""
         path = self.site / rel
@@ -260,6 +315,9 @@ class _Writer:
             signature = hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()
         if self.keep(rel, signature):
             return
+        self.touched.add(rel)
+        self.signatures[rel] = signature
+        self.problems[rel] = list(problems or [])
         if rel.endswith(".html"):
             text = text.replace(
                 "<body ", f'<body data-page="{esc(rel)}" data-generation="{self.generation}" ', 1
@@ -271,16 +329,47 @@ class _Writer:
         os.replace(tmp, path)
         self.written += 1
 
-
-def _stat_sig(paths: Iterable[Path]) -> list[Any]:
-    sig = []
-    for path in paths:
+    def render(self, rel: str, make: Any, signature: Any = None) -> list[str]:
+        """Write the page `make(problems)` returns; a page that cannot be made (data no reader foresaw) is
+        written as the error, and listed. Returns what could not be shown on it."""
+        if signature is not None and self.keep(rel, signature):
+            return self.problems[rel]
+        problems: list[str] = []
         try:
-            st = path.stat()
-            sig.append([st.st_mtime_ns, st.st_size])
+            text = make(problems)
+        except Exception as exc:  # noqa: BLE001  (whatever a run holds, the rest of the site is built)
+            problems.append(f"view/{rel}: could not be made: {type(exc).__name__}: {exc}")
+            text = H.page(rel, f"<div class='box error'>{esc(problems[-1])}</div>", root="", run_name=rel)
+        self.write(rel, text, signature, problems)
+        return problems
+
+    def prune(self) -> None:
+        """Pages an earlier build wrote that this one did not (a compare page not asked for again, an
+        episode folder removed) are removed."""
+        for rel in [r for r in self.written_at if r not in self.touched]:
+            del self.written_at[rel]
+            (self.site / rel).unlink(missing_ok=True)
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
+def _folder_sig(folder: Path) -> list[Any]:
+    """Every file of an episode folder (not its cache/), with its size and modification time."""
+    out = []
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return []
+    for e in entries:
+        try:
+            if e.is_file():
+                st = e.stat()
+                out.append([e.name, st.st_mtime_ns, st.st_size])
         except OSError:
-            sig.append(None)
-    return sig
+            out.append([e.name, None])
+    return out
 
 
 def build(
@@ -302,6 +391,8 @@ def build(
                 f"{run_dir}: not a run directory (no summary.json, episodes/, metrics.jsonl or config.toml) "
                 "and no run inside it"
             )
+        if compare is not None or versions is not None:
+            raise ValueError(f"{run_dir} is a folder of runs: --compare and --versions take one run")
         out = Built(site=root / SITE)
         for child in children:
             sub = build(child)
@@ -314,70 +405,74 @@ def build(
         previous = _previous(out.site)
         w = _Writer(out.site, previous)
         _assets(w)
-        w.write("index.html", _group_page(root, children))
+        out.problems += w.render("index.html", lambda problems: _group_page(root, children, problems))
         out.pages += w.written
+        out.pages_reused += w.reused
         _finish(out, w, started)
         return out
+    other_root = Path(compare).resolve() if compare is not None else None
+    if other_root is not None and not is_run(other_root):
+        raise FileNotFoundError(f"{compare}: not a run directory")
+    if other_root == root:
+        raise ValueError(f"{compare}: the run itself (--compare takes another run)")
     run = load_run(root)
+    rounds = _eval_rounds(run)
+    if versions is not None:
+        missing = [v for v in versions if v not in rounds]
+        if missing:
+            raise ValueError(
+                f"no evaluation round at version(s) {', '.join(missing)} in {run.name} "
+                f"(there are: {', '.join(rounds) or 'none'})"
+            )
+    elif other_root is None and len(rounds) >= 2:
+        keys = list(rounds)
+        versions = (keys[0], keys[-1])
     site = root / SITE
     previous = _previous(site)
     w = _Writer(site, previous)
     _assets(w)
     out = Built(site=site, episodes=len(run.episodes))
     out.thumbs = _thumbs(run, site)
+    credited = Counter(eid for (eid, _), lines in run.advantages.items() for _ in lines)
     for ep in run.episodes:
-        adv = sum(len(run.advantages.get((ep.episode_id, s), [])) for s in range(_steps_hint(ep)))
-        files = ("traj.jsonl", "result.json", "prm.jsonl", "final.png")
-        sig = [*_stat_sig(ep.folder / f for f in files), adv, ep.assigned.get("group_id")]
+        sig = [VIEW_CODE, _folder_sig(ep.folder), credited[ep.episode_id], ep.assigned.get("group_id")]
         rel = f"e/{ep.task_id}/{ep.episode_id}.html"
-        if not w.keep(rel, sig):
-            w.write(rel, _episode_page(run, ep))
+        run.problems += w.render(rel, lambda problems, ep=ep: _episode_page(run, ep, problems), signature=sig)
     by_task = run.by_task()
     for task_id, eps in by_task.items():
-        w.write(f"t/{task_id}.html", _task_page(run, task_id, eps))
-    w.write("tasks.html", _tasks_page(run, by_task))
-    if compare is not None:
-        other_root = Path(compare).resolve()
-        if not is_run(other_root):
-            raise FileNotFoundError(f"{compare}: not a run directory")
+        run.problems += w.render(
+            f"t/{task_id}.html", lambda problems, t=task_id, e=eps: _task_page(run, t, e)
+        )
+    run.problems += w.render("tasks.html", lambda problems: _tasks_page(run, by_task))
+    if other_root is not None:
         other_built = build(other_root)
         out.problems += [f"{other_root.name}/{p}" for p in other_built.problems]
         other = load_run(other_root)
-        a_eps, b_eps = _final_per_task(run), _final_per_task(other)
-        up = os.path.relpath(other_root / SITE, site)
-        w.write(
+        up = Path(os.path.relpath(other_root / SITE, site))
+        prefix = href(*up.parts) + "/"
+        run.problems += w.render(
             "compare.html",
-            _compare_page(run, run.name, a_eps, other.name, b_eps, b_prefix=up.replace(os.sep, "/") + "/"),
+            lambda problems: _compare_page(
+                run, run.name, _final_per_task(run), other.name, _final_per_task(other), b_prefix=prefix
+            ),
         )
-    else:
-        rounds = _eval_rounds(run)
-        if versions is not None:
-            missing = [v for v in versions if v not in rounds]
-            if missing:
-                raise ValueError(
-                    f"no evaluation round at version(s) {', '.join(missing)} in {run.name} "
-                    f"(there are: {', '.join(rounds) or 'none'})"
-                )
-        if versions is None and len(rounds) >= 2:
-            keys = list(rounds)
-            versions = (keys[0], keys[-1])
-        if versions is not None:
-            a, b = versions
-            w.write(
-                "compare.html",
-                _compare_page(run, f"version {a}", _latest(rounds[a]), f"version {b}", _latest(rounds[b])),
-            )
-    w.write("index.html", _run_page(run, has_compare=(site / "compare.html").exists()))
+    elif versions is not None:
+        a, b = versions
+        run.problems += w.render(
+            "compare.html",
+            lambda problems: _compare_page(
+                run, f"version {a}", _latest(rounds[a]), f"version {b}", _latest(rounds[b])
+            ),
+        )
+    has_compare = "compare.html" in w.touched
+    # the run page last: it lists what every other page could not show
+    run.problems += w.render("index.html", lambda problems: _run_page(run, has_compare=has_compare))
+    w.prune()
     out.pages = w.written
     out.pages_reused = w.reused
     out.problems = run.problems + out.problems
     _finish(out, w, started)
     return out
-
-
-def _steps_hint(ep: Episode) -> int:
-    steps = ep.result.get("steps")
-    return steps if isinstance(steps, int) and 0 <= steps < 10_000 else 0
 
 
 def _previous(site: Path) -> dict[str, Any]:
@@ -399,6 +494,7 @@ def _finish(out: Built, w: _Writer, started: float) -> None:
         "pages_unchanged": out.pages_reused,
         "not_shown": out.problems,
         "signatures": w.signatures,
+        "page_problems": {rel: found for rel, found in w.problems.items() if found},
         "written": {rel: g for rel, g in w.written_at.items() if (out.site / rel).exists()},
     }
     out.site.mkdir(parents=True, exist_ok=True)
@@ -599,7 +695,9 @@ def _domains(run: Run) -> str:
             ("domain", "tasks", "scored", "success", "skipped", "aborted", "accuracy"), rows, sortable=True
         )
     if run.evals:
-        names = sorted({d for e in run.evals for d in (e.get("domains") or {})})
+        names = sorted(
+            {str(d) for e in run.evals if isinstance(e.get("domains"), dict) for d in e["domains"]}
+        )
         rows = []
         for e in run.evals:
             doms = e.get("domains") if isinstance(e.get("domains"), dict) else {}
@@ -653,14 +751,13 @@ def _faults(run: Run) -> str:
             else "<p class=muted>none</p>"
         )
     )
-    results = run.summary.get("results") if isinstance(run.summary.get("results"), list) else []
-    aborted = [r for r in results if isinstance(r, dict) and r.get("status") == "aborted"]
+    aborted = [r for r in _results(run) if r.get("status") == "aborted"]
     if aborted or "aborted" in run.summary:
         rows = [
             "<tr>"
             + H.td(r.get("task_id"))
             + H.td(fmt(r.get("attempts")), num=True)
-            + H.td("; ".join(map(str, r.get("env_errors") or []))[:600])
+            + H.td("; ".join(_strs(r.get("env_errors")))[:600])
             + "</tr>"
             for r in aborted
         ]
@@ -697,10 +794,9 @@ def _final_per_task(run: Run) -> dict[str, Episode]:
     """Each task's deciding episode: the summary's (an eval's final result), else its latest scored one."""
     by_id = {ep.episode_id: ep for ep in run.episodes}
     out: dict[str, Episode] = {}
-    results = run.summary.get("results") if isinstance(run.summary.get("results"), list) else []
-    for r in results:
-        if isinstance(r, dict) and r.get("episode_id") in by_id:
-            out[str(r.get("task_id"))] = by_id[r["episode_id"]]
+    for r in _results(run):
+        if r.get("episode_id") in by_id:
+            out[r["task_id"]] = by_id[r["episode_id"]]
     for task_id, eps in run.by_task().items():
         if task_id not in out:
             out[task_id] = _latest(eps)[task_id] if eps else None  # type: ignore[assignment]
@@ -710,7 +806,9 @@ def _final_per_task(run: Run) -> dict[str, Episode]:
 def _latest(eps: list[Episode]) -> dict[str, Episode]:
     """Per task, its last scored episode (else its last one)."""
     out: dict[str, Episode] = {}
-    for ep in sorted(eps, key=lambda e: (e.score is not None, e.result.get("ended_at") or 0, e.episode_id)):
+    for ep in sorted(
+        eps, key=lambda e: (e.score is not None, _num(e.result.get("ended_at")) or 0.0, e.episode_id)
+    ):
         out[ep.task_id] = ep
     return out
 
@@ -723,19 +821,16 @@ def _eval_rounds(run: Run) -> dict[str, list[Episode]]:
             rounds[r].append(ep)
 
     def order(k: str) -> tuple:
-        nums = [int(x) for x in re.findall(r"\d+", k)]
-        return (nums[-1] if nums else 0, k)
+        # `V`, or `VeE` for a restarted learner's lineage epoch E: by epoch, then version
+        m = re.fullmatch(r"(\d+)(?:e(\d+))?", k)
+        return (int(m.group(2) or 0), int(m.group(1)), k) if m else (1 << 30, 0, k)
 
     return {k: rounds[k] for k in sorted(rounds, key=order)}
 
 
 def _tasks_page(run: Run, by_task: dict[str, list[Episode]]) -> str:
     finals = _final_per_task(run)
-    results = (
-        {r.get("task_id"): r for r in (run.summary.get("results") or []) if isinstance(r, dict)}
-        if isinstance(run.summary.get("results"), list)
-        else {}
-    )
+    results = {r["task_id"]: r for r in _results(run)}
     outcomes_all: Counter[str] = Counter()
     rows = []
     for task_id in sorted(set(by_task) | {k for k in results if isinstance(k, str)}):
@@ -828,10 +923,10 @@ def _task_page(run: Run, task_id: str, eps: list[Episode]) -> str:
 # -- the episode page --------------------------------------------------------------------------------------
 
 
-def _episode_page(run: Run, ep: Episode) -> str:
+def _episode_page(run: Run, ep: Episode, problems: list[str]) -> str:
     from guirl.view.episode import episode_body
 
-    body = episode_body(run, ep)
+    body = episode_body(run, ep, problems)
     return H.page(f"{ep.episode_id} · {ep.task_id}", body, root="../../", run_name=run.name, nav=_nav())
 
 
@@ -906,8 +1001,7 @@ def _compare_page(
 # -- a folder of runs (guirl learn) -------------------------------------------------------------------------
 
 
-def _group_page(root: Path, children: list[Path]) -> str:
-    problems: list[str] = []
+def _group_page(root: Path, children: list[Path], problems: list[str]) -> str:
     learn = _read_json(root / "learn.json", problems, root)
     curve = _read_json(root / "curve.json", problems, root)
     parts = [f"<h1>{esc(root.name)}</h1>"]

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import subprocess
 import sys
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -150,14 +154,28 @@ def test_serve_rebuilds_while_the_run_writes(eval_run, browser, tmp_path):
         env=_env(),
         cwd=ROOT,
     )
+    said: queue.Queue[str] = queue.Queue()
+    # its output read on a thread: a wait for a line has a timeout, and the pipe never fills
+    threading.Thread(target=lambda: [said.put(line) for line in proc.stdout], daemon=True).start()
     try:
         url = ""
-        for line in proc.stdout:  # the first build, then the address
+        while not url:  # the first build, then the address
+            line = said.get(timeout=120)
             if line.startswith("[view] serving "):
                 url = line.split()[2]
-                break
         assert url.startswith("http://127.0.0.1:"), url
-        browser.allowed_prefixes = ("file://", url.rsplit("/view/", 1)[0] + "/")
+        base = url.rsplit("/view/", 1)[0]
+        # only the site and the episodes are served, to this address only
+        for path, host, code in (
+            ("/config.toml", None, 404),
+            ("/view/", None, 404),
+            ("/view/index.html", "evil.example:80", 403),
+        ):
+            request = urllib.request.Request(base + path, headers={"Host": host} if host else {})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == code, path
+        browser.allowed_prefixes = ("file://", base + "/")
         with browser.page(url.replace("index.html", "tasks.html")) as page:
             assert page.locator("#tasks tbody tr").count() == 3
             # the run goes on: a new task's episode appears on disk, and the open page shows it

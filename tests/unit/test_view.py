@@ -57,6 +57,19 @@ def _step(step: int, actions: list, **kw) -> dict:
     return {"step": step, "screenshot": f"step_{step:03d}.png", "response": "ok", "actions": actions, **kw}
 
 
+def _attribute_names(page: str) -> set[str]:
+    from html.parser import HTMLParser
+
+    names: set[str] = set()
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            names.update(name for name, _ in attrs)
+
+    Collect().feed(page)
+    return names
+
+
 def _all_html(site: Path) -> dict[str, str]:
     return {str(p.relative_to(site)): p.read_text() for p in site.rglob("*.html")}
 
@@ -147,6 +160,7 @@ def test_hostile_text_is_shown_as_text_never_run(train_run: Path) -> None:
             re.search(r'<script src="[./]*assets/view\.js">', text)[0]
         ]
         assert "<img src=x" not in text and "<script>window" not in text, name
+        assert not {"onerror", "onmouseover"} & _attribute_names(text), name
     ep4 = next(t for n, t in pages.items() if n.endswith("ep4.html"))
     assert "&lt;script&gt;window.pwned=1&lt;/script&gt;" in ep4 and "parse-error" in ep4
     # a recorded screenshot name that is a path is never followed
@@ -249,3 +263,150 @@ def test_not_a_run_is_a_clear_error(tmp_path: Path) -> None:
         build(tmp_path)
     with pytest.raises(FileNotFoundError, match="no such directory"):
         build(tmp_path / "missing")
+
+
+def test_odd_data_is_listed_and_the_rest_is_built(tmp_path: Path) -> None:
+    """Wrong types where a reader expects others: nothing crashes the build; what cannot be shown is said."""
+    run = tmp_path / "odd"
+    line = {
+        "step": 0,
+        "screenshot": "step_000.png",
+        "response": 5,
+        "actions": 3,
+        "refused": 7,
+        "prompt": 9,
+        "timing": [],
+    }
+    folder = _episode(
+        run,
+        "t",
+        "e1",
+        result=_result(policy_versions=4, ended_at="x", evaluation={"metrics": 3, "not_run": 1}),
+        lines=[
+            line,
+            {"step": 1, "screenshot": "step_001.png\x00", "actions": [{"type": "drag_to", "to_x": 5}]},
+        ],
+        prm=[{"step": 0, "errors": 1, "invalid_reasons": 2, "vote_scores": "x", "answers": 3}],
+    )
+    (folder / "step_000.png").write_bytes(b"not a png")
+    (folder / "traj.jsonl").write_text((folder / "traj.jsonl").read_text() + '{"step": 2, "cut')
+    _episode(run, "t", "e2", result=_result(ended_at=5), lines=[_step(0, [])])
+    (run / "eval.jsonl").write_text(json.dumps({"version": 1, "accuracy": "high", "domains": 3}) + "\n")
+    summary = {
+        "results": [{"task_id": ["t"], "episode_id": {}}, {"task_id": "t", "env_errors": 3}],
+        "domains": 1,
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    (run / "episodes" / "bad\udcff").mkdir(parents=True)
+    built = build(run)
+    listed = "\n".join(built.problems)
+    assert "step 0's screenshot step_000.png is missing or not a PNG" in listed
+    assert "e1/traj.jsonl: 1 line(s) not JSON objects" in listed  # the finished episode's cut-short line
+    assert "not UTF-8" in listed
+    for page in ("index.html", "tasks.html", "e/t/e1.html", "e/t/e2.html", "t/t.html"):
+        assert "could not be made" not in (built.site / page).read_text(), page
+
+
+def test_a_compared_run_with_a_hostile_name_is_linked_safely(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / 'x" onmouseover="alert(1) #1'
+    for run in (a, b):
+        _episode(run, "t", "e", result=_result(), lines=[_step(0, [])])
+    page = (build(a, compare=b).site / "compare.html").read_text()
+    assert "onmouseover" not in _attribute_names(page)  # in the text, escaped; never an attribute
+    assert 'href="../../x%22%20onmouseover%3D%22alert%281%29%20%231/view/e/t/e.html"' in page
+    # a later build without --compare removes the stale compare page, and the run page stops linking it
+    build(a)
+    assert (
+        not (a / "view" / "compare.html").exists()
+        and "compare.html" not in (a / "view" / "index.html").read_text()
+    )
+    with pytest.raises(ValueError, match="the run itself"):
+        build(a, compare=a)
+
+
+def test_evaluation_rounds_are_ordered_by_epoch_then_version(tmp_path: Path) -> None:
+    from guirl.view.site import _eval_rounds, load_run
+
+    run = tmp_path / "r"
+    names = ["12", "4", "8e1", "4e1"]
+    lines = [
+        {"kind": "assigned", "episode_id": f"e{i}", "group_id": f"eval@{n}/t"} for i, n in enumerate(names)
+    ]
+    for i, _ in enumerate(names):
+        _episode(run, "t", f"e{i}", result=_result(), lines=[_step(0, [])])
+    (run / "episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert list(_eval_rounds(load_run(run))) == ["4", "12", "4e1", "8e1"]
+
+
+def test_an_unchanged_episode_is_not_made_again(train_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import guirl.view.site as site
+
+    build(train_run)
+    made: list[str] = []
+    real = site._episode_page
+    monkeypatch.setattr(
+        site, "_episode_page", lambda run, ep, problems: made.append(ep.episode_id) or real(run, ep, problems)
+    )
+    again = build(train_run)
+    assert made == [] and any("ep4" in p for p in again.problems)  # a kept page's problems still listed
+    # a new line of advantages for an episode makes its page again
+    with open(train_run / "advantages.jsonl", "a") as f:
+        f.write(json.dumps({"version": 2, "episode_id": "ep2", "step": 0, "advantage": -1.0}) + "\n")
+    build(train_run)
+    assert made == ["ep2"]
+
+
+def test_serve_answers_only_the_site_on_its_own_address(train_run: Path) -> None:
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from guirl.view.serve import Server
+
+    server = Server(train_run, port=0, interval_s=0.05)
+    server.rebuild_if_changed()
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        base = server.url.rsplit("/view/", 1)[0]
+        with urllib.request.urlopen(server.url, timeout=10) as r:
+            assert r.status == 200 and b"assets/view.js" in r.read()
+        with urllib.request.urlopen(base + "/episodes/t1/ep1/step_000.png", timeout=10) as r:
+            assert r.read().startswith(b"\x89PNG")
+        for path, host, code in (
+            ("/config.toml", None, 404),
+            ("/metrics.jsonl", None, 404),
+            ("/episodes/", None, 404),
+            ("/view/index.html", "attacker.example", 403),
+        ):
+            request = urllib.request.Request(base + path, headers={"Host": host} if host else {})
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == code, path
+    finally:
+        server.stop.set()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_the_evaluators_record_previews_any_value_and_never_raises(tmp_path: Path) -> None:
+    from guirl.vmpool.tasks.evaluate import PREVIEW_CHARS, _preview
+    from guirl.vmpool.tasks.setup import TaskContext
+
+    ctx = TaskContext(task_id="t", cache_dir=tmp_path / "cache", download_cache=tmp_path / "downloads")
+    ctx.cache_dir.mkdir()
+    (ctx.cache_dir / "out.xlsx").write_bytes(b"x" * 10)
+
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("no")
+
+    loop: list = []
+    loop.append(loop)
+    assert _preview(str(ctx.cache_dir / "out.xlsx"), ctx) == "file out.xlsx (10 bytes)"
+    assert _preview("README.md", ctx) == "README.md"  # a relative name is a value, not this host's file
+    assert _preview(str(Path(__file__)), ctx) == str(Path(__file__))  # nor is a file outside the caches
+    assert _preview(Broken(), ctx) == "(could not be previewed: RuntimeError)"
+    assert _preview(10**5000, ctx).startswith("(could not be previewed")
+    assert len(_preview("y" * 5000, ctx)) < PREVIEW_CHARS + 40
+    assert json.dumps(_preview({"nan": float("nan"), "loop": loop, "raw": b"\x00", "set": {1}}, ctx))

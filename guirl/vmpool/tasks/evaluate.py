@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from typing import Any
 
@@ -89,7 +90,7 @@ async def _evaluate(task: Task, client: VMClient, ctx: TaskContext) -> float:
             raise EvaluationError(f"{task.id}: {exc}") from exc
         options = _at(ev.options, i, n) or {}
         expected_cfg = _at(ev.expected, i, n)
-        entry: dict[str, Any] = {"metric": name, "options": _preview(options)}
+        entry: dict[str, Any] = {"metric": name, "options": _preview(options, ctx)}
         ctx.evaluation["metrics"].append(entry)
         score = await _score(
             task, name, metric, _at(ev.result, i, n), expected_cfg, options, client, ctx, entry
@@ -137,7 +138,7 @@ async def _score(
             raise EvaluationError(f"{task.id}: evaluator {name}: the VM did not answer: {exc}") from exc
         _note(ctx, task, f"evaluator {name}: the result could not be read: {type(exc).__name__}: {exc}")
         return 0.0
-    entry["result"] = _preview(result)
+    entry["result"] = _preview(result, ctx)
     expected = None
     # only what the host holds is gold; an `expected` read from the VM (the original on the Desktop, the
     # agent's own output) may be what the policy spoiled
@@ -156,7 +157,7 @@ async def _score(
                 ) from exc
             _note(ctx, task, f"evaluator {name}: the expected value could not be read: {type(exc).__name__}")
             return 0.0
-        entry["expected"] = _preview(expected)
+        entry["expected"] = _preview(expected, ctx)
     args = (result, expected) if expected_cfg else (result,)
     try:
         # metrics read files (spreadsheets, documents): off the event loop
@@ -189,16 +190,27 @@ def _getter_type(cfg: Any) -> str:
     return ""
 
 
-def _preview(value: Any) -> Any:
-    """A getter's value as the run's viewer shows it: JSON-safe and short. A path to a file on this host is
-    its name and size (the file itself stays in the episode's cache/), anything else its repr, cut."""
-    if isinstance(value, list) and len(value) <= 8:
-        return [_preview(v) for v in value]
-    if isinstance(value, dict) and len(value) <= 16:
-        return {str(k): _preview(v) for k, v in value.items()}
-    if isinstance(value, str) and len(value) < 4096 and os.path.isfile(value):
+def _preview(value: Any, ctx: TaskContext) -> Any:
+    """A getter's value as the run's viewer shows it: JSON-safe and short. A file a getter brought to this
+    host (under the episode's cache or the run's downloads) is its name and size (the file itself stays
+    there); anything else its repr, cut. Never raises: the record must not cost the episode its score."""
+    try:
+        roots = tuple(os.path.join(os.path.abspath(d), "") for d in (ctx.cache_dir, ctx.download_cache))
+        return _shown(value, roots, depth=0)
+    except Exception as exc:  # noqa: BLE001  (an odd value's repr, a file gone meanwhile: say so)
+        return f"(could not be previewed: {type(exc).__name__})"
+
+
+def _shown(value: Any, roots: tuple[str, ...], depth: int) -> Any:
+    if depth < 3 and isinstance(value, list | tuple) and len(value) <= 8:
+        return [_shown(v, roots, depth + 1) for v in value]
+    if depth < 3 and isinstance(value, dict) and len(value) <= 16:
+        return {str(k): _shown(v, roots, depth + 1) for k, v in value.items()}
+    if isinstance(value, str) and os.path.isabs(value) and value.startswith(roots) and os.path.isfile(value):
         return f"file {os.path.basename(value)} ({os.path.getsize(value)} bytes)"
-    if isinstance(value, bool | int | float) or value is None:
+    if value is None or isinstance(value, bool) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    if isinstance(value, int) and abs(value) < 10**15:
         return value
     text = value if isinstance(value, str) else repr(value)
     return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + f"… ({len(text)} characters)"
