@@ -143,6 +143,24 @@ def test_episode_page_draws_each_action_where_it_was_recorded(eval_run, browser)
         browser.screenshot(page, "eval-episode-page", full_page=True)
 
 
+def test_the_site_works_offline(eval_run, browser):
+    """Every kind of page, opened from file://: every request it makes is for a file of the run (the
+    fixture refuses any other, and none is made), and no script fails."""
+    done = next(e for e in _episodes(eval_run) if e["status"] == "completed")
+    before = len(browser.requests)
+    for parts in (
+        ("index.html",),
+        ("tasks.html",),
+        ("t", f"{done['task_id']}.html"),
+        ("e", done["task_id"], f"{done['episode_id']}.html"),
+    ):
+        with browser.page(_page(eval_run, *parts)):
+            pass
+    made = browser.requests[before:]
+    assert any(u.endswith(".png") for u in made) and any(u.endswith("view.js") for u in made), made
+    assert all(u.startswith("file://") for u in made) and browser.refused == [] and browser.errors == []
+
+
 def test_serve_rebuilds_while_the_run_writes(eval_run, browser, tmp_path):
     run = tmp_path / eval_run.name
     shutil.copytree(eval_run, run, ignore=shutil.ignore_patterns("view", "vms"))
@@ -168,7 +186,7 @@ def test_serve_rebuilds_while_the_run_writes(eval_run, browser, tmp_path):
         # only the site and the episodes are served, to this address only
         for path, host, code in (
             ("/config.toml", None, 404),
-            ("/view/", None, 404),
+            ("/episodes/", None, 404),
             ("/view/index.html", "evil.example:80", 403),
         ):
             request = urllib.request.Request(base + path, headers={"Host": host} if host else {})
