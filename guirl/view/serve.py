@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import os
 import threading
-import urllib.parse
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TextIO
@@ -68,12 +67,19 @@ class _Handler(SimpleHTTPRequestHandler):
     hosts: frozenset[str] = frozenset()
 
     def send_head(self) -> Any:
-        if self.headers.get("Host", "") not in self.hosts:
+        if self.headers.get("Host", "").strip().lower() not in self.hosts:
             self.send_error(403, "not this server's address")
             return None
-        parts = [p for p in urllib.parse.urlsplit(self.path).path.split("/") if p]
-        served = bool(parts) and (
-            parts[0] in SERVED or parts == ["curve.png"] or (len(parts) > 1 and parts[1] in SERVED)
+        # the path the base class will open (unquoted, `..` resolved), relative to the served folder
+        opened = os.path.realpath(self.translate_path(self.path))
+        root = os.path.realpath(self.directory)
+        parts = (
+            list(Path(os.path.relpath(opened, root)).parts) if opened.startswith(root + os.sep) else [".."]
+        )
+        served = (
+            bool(parts)
+            and ".." not in parts
+            and (parts[0] in SERVED or parts == ["curve.png"] or (len(parts) > 1 and parts[1] in SERVED))
         )
         if not served:
             self.send_error(404, "only the site (view/) and the episodes' files are served")
@@ -101,7 +107,10 @@ class Server:
         self.build_args = build_args
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
         bound = self.httpd.server_address[1]
-        hosts = frozenset({f"127.0.0.1:{bound}", f"localhost:{bound}"})
+        hosts = {f"127.0.0.1:{bound}", f"localhost:{bound}"}
+        if bound == 80:  # a browser leaves the default port out
+            hosts |= {"127.0.0.1", "localhost"}
+        hosts = frozenset(hosts)
         self.httpd.RequestHandlerClass = functools.partial(  # type: ignore[assignment]
             type("Handler", (_Handler,), {"hosts": hosts}), directory=str(self.root)
         )

@@ -325,7 +325,7 @@ class _Writer:
             self.written_at[rel] = self.generation
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        tmp.write_bytes(text.encode("utf-8", "replace"))  # a lone surrogate from a run's JSON: "?"
         os.replace(tmp, path)
         self.written += 1
 

@@ -298,6 +298,10 @@ def test_odd_data_is_listed_and_the_rest_is_built(tmp_path: Path) -> None:
     }
     (run / "summary.json").write_text(json.dumps(summary))
     (run / "episodes" / "bad\udcff").mkdir(parents=True)
+    # a lone surrogate is legal JSON: shown as a replacement character, never the end of the build
+    (run / "episodes" / "t" / "e2" / "result.json").write_text(
+        '{"worker": "w\\udc80", "status": "completed"}'
+    )
     built = build(run)
     listed = "\n".join(built.problems)
     assert "step 0's screenshot step_000.png is missing or not a PNG" in listed
@@ -373,11 +377,19 @@ def test_serve_answers_only_the_site_on_its_own_address(train_run: Path) -> None
             assert r.status == 200 and b"assets/view.js" in r.read()
         with urllib.request.urlopen(base + "/episodes/t1/ep1/step_000.png", timeout=10) as r:
             assert r.read().startswith(b"\x89PNG")
+        port = base.rsplit(":", 1)[1]
+        upper = urllib.request.Request(server.url, headers={"Host": f"LOCALHOST:{port}"})
+        with urllib.request.urlopen(upper, timeout=10) as r:
+            assert r.status == 200
         for path, host, code in (
             ("/config.toml", None, 404),
             ("/metrics.jsonl", None, 404),
             ("/episodes/", None, 404),
             ("/view/index.html", "attacker.example", 403),
+            # what the base class would open, after unquoting and `..`: still only the site and episodes
+            ("/view/../config.toml", None, 404),
+            ("/view/%2e%2e/config.toml", None, 404),
+            ("/episodes/%2e%2e/metrics.jsonl", None, 404),
         ):
             request = urllib.request.Request(base + path, headers={"Host": host} if host else {})
             with pytest.raises(urllib.error.HTTPError) as refused:
@@ -389,7 +401,9 @@ def test_serve_answers_only_the_site_on_its_own_address(train_run: Path) -> None
     assert not thread.is_alive()
 
 
-def test_the_evaluators_record_previews_any_value_and_never_raises(tmp_path: Path) -> None:
+def test_the_evaluators_record_previews_any_value_and_never_raises(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from guirl.vmpool.tasks.evaluate import PREVIEW_CHARS, _preview
     from guirl.vmpool.tasks.setup import TaskContext
 
@@ -404,7 +418,9 @@ def test_the_evaluators_record_previews_any_value_and_never_raises(tmp_path: Pat
     loop: list = []
     loop.append(loop)
     assert _preview(str(ctx.cache_dir / "out.xlsx"), ctx) == "file out.xlsx (10 bytes)"
-    assert _preview("README.md", ctx) == "README.md"  # a relative name is a value, not this host's file
+    assert _preview("README.md", ctx) == "README.md"  # a name outside the caches is a value, not a file
+    monkeypatch.chdir(tmp_path)  # the default run.root_dir is relative: so are the getters' paths
+    assert _preview("cache/out.xlsx", ctx) == "file out.xlsx (10 bytes)"
     assert _preview(str(Path(__file__)), ctx) == str(Path(__file__))  # nor is a file outside the caches
     assert _preview(Broken(), ctx) == "(could not be previewed: RuntimeError)"
     assert _preview(10**5000, ctx).startswith("(could not be previewed")

@@ -206,8 +206,11 @@ def _shown(value: Any, roots: tuple[str, ...], depth: int) -> Any:
         return [_shown(v, roots, depth + 1) for v in value]
     if depth < 3 and isinstance(value, dict) and len(value) <= 16:
         return {str(k): _shown(v, roots, depth + 1) for k, v in value.items()}
-    if isinstance(value, str) and os.path.isabs(value) and value.startswith(roots) and os.path.isfile(value):
-        return f"file {os.path.basename(value)} ({os.path.getsize(value)} bytes)"
+    # (getters give paths under the caches, relative when run.root_dir is: the default `runs`)
+    if isinstance(value, str) and len(value) < 4096 and "\x00" not in value:
+        path = os.path.abspath(value)
+        if path.startswith(roots) and os.path.isfile(path):
+            return f"file {os.path.basename(path)} ({os.path.getsize(path)} bytes)"
     if value is None or isinstance(value, bool) or (isinstance(value, float) and math.isfinite(value)):
         return value
     if isinstance(value, int) and abs(value) < 10**15:
