@@ -14,7 +14,7 @@ from typing import Any
 
 from guirl.view import html as H
 from guirl.view.html import esc, fmt
-from guirl.view.site import Episode, Run, _read_jsonl, _strs, href, png_size
+from guirl.view.site import Episode, Run, _num, _read_jsonl, _strs, href, png_size
 
 
 def _shot(ep: Episode, name: str, up: str, marks: str, size: tuple[int, int] | None, alt: str) -> str:
@@ -27,10 +27,6 @@ def _shot(ep: Episode, name: str, up: str, marks: str, size: tuple[int, int] | N
         f'<svg viewBox="0 0 {w} {h}" preserveAspectRatio="none" data-width="{w}" data-height="{h}">{marks}'
         "</svg></div>"
     )
-
-
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 def _el(tag: str, inner: str = "", **attrs: object) -> str:

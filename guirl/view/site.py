@@ -7,6 +7,7 @@ that is not a PNG) is listed on the run page under "Not shown", never silently d
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -135,6 +136,15 @@ class Episode:
         m = _EVAL_ROUND.match(str(self.assigned.get("group_id") or ""))
         return m.group(1) if m else None
 
+    @functools.cached_property
+    def thumb_source(self) -> Path | None:
+        """The screen a list shows for it: the final one, else its last step's (looked up once)."""
+        final = self.folder / "final.png"
+        if final.exists():
+            return final
+        shots = sorted(self.folder.glob("step_*.png"))
+        return shots[-1] if shots else None
+
     @property
     def page(self) -> str:
         return href("e", self.task_id, self.episode_id) + ".html"
@@ -156,6 +166,8 @@ class Run:
     episodes: list[Episode] = field(default_factory=list)
     advantages: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
     config: str = ""
+    ledger: list[dict] = field(default_factory=list)
+    """episodes.jsonl: every episode handed out and its end (read once: the task data and the curves)."""
 
     @property
     def mode(self) -> str:
@@ -182,7 +194,8 @@ def load_run(root: Path) -> Run:
     except OSError:
         run.config = ""
     assigned: dict[str, dict] = {}
-    for line in _read_jsonl(root / "episodes.jsonl", p, root):
+    run.ledger = _read_jsonl(root / "episodes.jsonl", p, root)
+    for line in run.ledger:
         if line.get("kind") == "assigned" and isinstance(line.get("episode_id"), str):
             assigned[line["episode_id"]] = line
     for line in _read_jsonl(root / "advantages.jsonl", p, root):
@@ -508,19 +521,11 @@ def _assets(w: _Writer) -> None:
     w.write("assets/view.js", H.JS)
 
 
-def _thumb_source(ep: Episode) -> Path | None:
-    final = ep.folder / "final.png"
-    if final.exists():
-        return final
-    shots = sorted(ep.folder.glob("step_*.png"))
-    return shots[-1] if shots else None
-
-
 def _thumbs(run: Run, site: Path) -> int:
     """A small JPEG per episode (the final screen) for the lists, made only when missing or out of date."""
     jobs = []
     for ep in run.episodes:
-        src = _thumb_source(ep)
+        src = ep.thumb_source
         if src is None:
             continue
         dst = site / "thumbs" / ep.task_id / f"{ep.episode_id}.jpg"
@@ -619,9 +624,8 @@ def _run_page(run: Run, has_compare: bool) -> str:
 def _env_utilisation(run: Run) -> list[tuple[float, float]]:
     """Per update: the share of slot time spent in episodes between it and the one before, from
     episodes.jsonl's hand-outs and ends (slots: the most episodes ever in flight at once)."""
-    lines = _read_jsonl(run.root / "episodes.jsonl", [], run.root)
     spans: dict[str, list[float]] = {}
-    for line in lines:
+    for line in run.ledger:
         t, eid = line.get("time"), line.get("episode_id")
         if not isinstance(t, int | float) or not isinstance(eid, str):
             continue
@@ -856,7 +860,7 @@ def _tasks_page(run: Run, by_task: dict[str, list[Episode]]) -> str:
         domain = (final.result.get("domain") if final else None) or r.get("domain") or ""
         thumb = (
             f'<a href="{final.page}"><img class=thumb loading=lazy src="{final.thumb}" alt=""></a>'
-            if final and _thumb_source(final)
+            if final and final.thumb_source
             else ""
         )
         outcome_text = ", ".join(f"{k} {v}" if len(eps) > 1 else k for k, v in sorted(outcomes.items()))
@@ -896,7 +900,7 @@ def _tasks_page(run: Run, by_task: dict[str, list[Episode]]) -> str:
 def _task_page(run: Run, task_id: str, eps: list[Episode]) -> str:
     rows = []
     for ep in eps:
-        thumb = f'<img class=thumb loading=lazy src="../{ep.thumb}" alt="">' if _thumb_source(ep) else ""
+        thumb = f'<img class=thumb loading=lazy src="../{ep.thumb}" alt="">' if ep.thumb_source else ""
         versions = ep.result.get("policy_versions") or []
         rows.append(
             f'<tr data-outcomes="{esc(ep.outcome)}">'
