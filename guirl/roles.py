@@ -266,9 +266,11 @@ def coordinator(
 def run_settings(cfg: GuirlConfig) -> set[str]:
     """What the run's configuration provides to tasks that need a setting (Chrome's DevTools, Google)."""
     from guirl.vmpool.apps import atspi_missing
-    from guirl.vmpool.tasks.check import available_settings
+    from guirl.vmpool.tasks.check import LOCAL_APPS, available_settings
 
     env = cfg.env
+    if env.provider == "replay":  # a recording shows whatever its desktop had: nothing is set up again
+        return available_settings(devtools=True, drive=True, account=True, atspi=True) | {LOCAL_APPS}
     local = env.provider == "local"
     return available_settings(
         devtools=env.chromium_port > 0,  # a local desktop's, through its server's tunnel
@@ -300,7 +302,20 @@ def suite(
     else:
         tasks = load_suite(e.tasks, examples_dir=e.examples_dir, domains=e.domains, limit=e.limit)
         skipped = (e.skip_unsupported, e.tasks)
-    return check_supported(tasks, skip_unsupported=skipped[0], source=skipped[1], available=run_settings(cfg))
+    recorded = None
+    if cfg.env.provider == "replay":  # replayed desktops play only the tasks their recording has
+        from guirl.vmpool.provider import ProviderError
+        from guirl.vmpool.replay import load_recording
+
+        try:
+            recorded = load_recording(
+                cfg.env.replay.run, (cfg.env.screen_width, cfg.env.screen_height)
+            ).tasks()
+        except ProviderError as exc:
+            raise InputError(f"env.replay.run: {exc}") from None
+    return check_supported(
+        tasks, skip_unsupported=skipped[0], source=skipped[1], available=run_settings(cfg), recorded=recorded
+    )
 
 
 # -- starting and stopping them -----------------------------------------------------------------------

@@ -228,7 +228,20 @@ class EnvWorker(Actor):
         await self.pool.start()
 
     def _make_provider(self) -> Any:
-        """Local sandboxed desktops, or a cloud's instances (tagged with the run directory's name)."""
+        """Local sandboxed desktops, replayed ones, or a cloud's instances (tagged with the run directory's
+        name)."""
+        if self.env.provider == "replay":
+            from guirl.vmpool.replay import ReplayProvider
+
+            try:
+                return ReplayProvider(
+                    self.env.replay.run,
+                    screen=self.screen,
+                    step_latency_s=self.env.replay.step_latency_s,
+                    tolerance_px=self.env.replay.tolerance_px,
+                )
+            except ProviderError as exc:
+                raise ActorError(str(exc)) from exc
         if self.env.provider == "local":
             from guirl.vmpool.local import LocalProvider
 
@@ -256,6 +269,9 @@ class EnvWorker(Actor):
         if self.pool is not None:
             await self.pool.close()
             self._write_pool_metrics()
+        close = getattr(self.provider, "close", None)
+        if close is not None:  # a provider's own process (the replay host)
+            await close()
 
     def _write_pool_metrics(self) -> None:
         """`pools/<worker>.json`: the pool's counts and reset latency, and its provider's own figures (a
@@ -264,7 +280,7 @@ class EnvWorker(Actor):
         figures = {"worker": self.name, "provider": self.env.provider, "pool": self.pool.metrics()}
         provider_metrics = getattr(self.provider, "metrics", None)
         if provider_metrics is not None:
-            figures["cloud"] = provider_metrics()
+            figures["replay" if self.env.provider == "replay" else "cloud"] = provider_metrics()
         try:
             (self.run_dir / "pools").mkdir(parents=True, exist_ok=True)
             write_json_atomic(self.run_dir / "pools" / f"{self.name}.json", figures)
@@ -363,7 +379,16 @@ class EnvWorker(Actor):
                 traj = self._trajectory(episode)
         except EnvFault as exc:
             env_error = str(exc)[:500]
-        except (VMError, PoolError, SetupError, EvaluationError, ActorError, OSError, TimeoutError) as exc:
+        except (
+            VMError,
+            PoolError,
+            ProviderError,
+            SetupError,
+            EvaluationError,
+            ActorError,
+            OSError,
+            TimeoutError,
+        ) as exc:
             env_error = f"{type(exc).__name__}: {exc}"[:500]
         except ValueError as exc:  # garbage from the VM (a reply that is not JSON, an absurd screenshot)
             log.warning("episode %s: bad data from the environment", ep.episode_id, exc_info=exc)
@@ -431,11 +456,14 @@ class EnvWorker(Actor):
         # The lease must be beaten while the episode holds it, through every long wait (setup, a policy
         # request, the evaluator): an expired lease is taken back, reset and lent to another episode.
         keepalive = asyncio.create_task(self._keep_lease(lease), name=f"lease:{lease.lease_id}")
+        replayed = self.env.provider == "replay"
         try:
+            if replayed:  # the desktop plays a recording of the task: its screens show the setup done
+                await self.provider.bind(lease.vm_id, ep.task_id, ep.sample_index)
             async with VMClient(lease.address, timeout_s=120) as client, contextlib.AsyncExitStack() as stack:
                 # a local desktop has no network: its DevTools port comes through its server's tunnel, opened
                 # (on this host's loopback) only for a task that drives Chrome
-                port = self.env.chromium_port if needs_devtools(task) else 0
+                port = self.env.chromium_port if needs_devtools(task) and not replayed else 0
                 devtools = await stack.enter_async_context(devtools_endpoint(client, port))
                 ctx = TaskContext(
                     task_id=ep.task_id,
@@ -449,13 +477,17 @@ class EnvWorker(Actor):
                     google_account=self.env.google_account or None,
                 )
                 ctx.cache_dir.mkdir(exist_ok=True)
-                await asyncio.wait_for(run_setup(client, task.config, ctx), self.setup_timeout_s)
+                if not replayed:
+                    await asyncio.wait_for(run_setup(client, task.config, ctx), self.setup_timeout_s)
                 await self._steps(episode, task.instruction, client, ctx, lease)
                 if episode.outcome == "parse_error":
                     episode.score = 0.0  # a policy failure: nothing to evaluate
                 else:
                     if lease.broken:
                         raise EnvFault(f"VM {lease.vm_id} broke: {lease.broken}")
+                    if replayed:  # scored by the recording (or not at all: ReplayDiverged)
+                        episode.score, episode.evaluation = self.provider.verdict(lease.vm_id, ctx.actions)
+                        return
                     episode.score = float(await evaluate(task, client, ctx))
                     episode.evaluation_errors, episode.evaluation = ctx.evaluation_errors, ctx.evaluation
         finally:

@@ -208,6 +208,18 @@ class RolloutConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Episodes sampled per prompt (the group size for advantages)."""
 
 
+class ReplayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Replayed desktops (`env.provider = "replay"`): a recorded run's screens, at almost no cost."""
+
+    run: str = ""
+    """The recorded run directory whose episodes the desktops replay (its `episodes/`)."""
+    step_latency_s: Annotated[float, Meta(ge=0, le=600)] = 0.0
+    """Seconds a replayed desktop takes to act and show the next screen (a real VM's step time)."""
+    tolerance_px: Annotated[int, Meta(ge=0, le=10000)] = 8
+    """How far (pixels) an action's point may be from the recorded one and still count as the recorded
+    action: an episode that took the recorded actions gets the recorded score, any other is not scored."""
+
+
 class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """GUI environment pool and desktop settings."""
 
@@ -219,8 +231,8 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """VMs each env worker owns (episodes it runs at once); 0 = `env.max_envs` shared out over the workers."""
     prewarm_envs: NonNegInt = 64
     """Environments created ahead of demand at startup."""
-    provider: Literal["local", "aws", "volcengine", "aliyun"] = "local"
-    """VM provider that hosts the desktops."""
+    provider: Literal["local", "replay", "aws", "volcengine", "aliyun"] = "local"
+    """VM provider that hosts the desktops (`replay`: a recorded run's screens, `[env.replay]`)."""
     region: str = "cn-beijing"
     """Cloud region in which VMs are created."""
     action_space: Literal["pyautogui", "computer_use"] = "pyautogui"
@@ -250,6 +262,8 @@ class EnvConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     (OSWorld's evaluation_examples/settings/googledrive/); empty: those tasks are unsupported."""
     google_account: str = ""
     """A JSON file `{"email", "password"}` for tasks that log in to Google; empty: they are unsupported."""
+    replay: ReplayConfig = msgspec.field(default_factory=ReplayConfig)
+    """Replayed desktops (`provider = "replay"`)."""
 
 
 class WandbConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

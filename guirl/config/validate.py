@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Callable
+from pathlib import Path
 from typing import Literal
 
 from guirl.config.schema import ENV_VARS, GuirlConfig, HFBackendConfig, SGLangBackendConfig
@@ -56,6 +57,7 @@ def problems(cfg: GuirlConfig, mode: str | None = None, *, gpus: bool = True) ->
     desktops = not (cfg.data.eval if mode == "eval" else cfg.data.train or cfg.data.eval)
     if desktops:  # GUI-R1 mode plays grounding rows, with its own prompt and no VM
         checks += [lambda: check_cloud(cfg.env.provider, cfg.cloud), lambda: check_prompt_style(cfg)]
+        checks.append(lambda: check_replay(cfg))
         checks.append(lambda: check_task_lists(cfg, mode))
     else:
         checks.append(lambda: check_rows(cfg, mode))
@@ -111,9 +113,26 @@ def check_cidr(cidr: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
     return net
 
 
+def check_replay(cfg: GuirlConfig) -> None:
+    """Replayed desktops need a recorded run, and take typed actions only (they run no programs)."""
+    env = cfg.env
+    if env.provider != "replay":
+        return
+    if not env.replay.run:
+        raise InputError('env.provider = "replay" needs env.replay.run: the recorded run directory to replay')
+    if not (Path(env.replay.run) / "episodes").is_dir():
+        raise InputError(f"env.replay.run = {env.replay.run!r} is not a run directory (no episodes/)")
+    if env.action_space != "computer_use":
+        raise InputError(
+            'env.provider = "replay" takes typed actions only (a replayed desktop runs no programs): '
+            'set env.action_space = "computer_use"'
+        )
+
+
 def check_cloud(provider: str, cloud: object) -> None:
-    """The settings a cloud provider needs (and a private `cloud.cluster_cidr`); nothing for `local`."""
-    if provider == "local":
+    """The settings a cloud provider needs (and a private `cloud.cluster_cidr`); nothing for `local` or
+    `replay`."""
+    if provider in ("local", "replay"):
         return
     if provider not in CLOUDS:
         raise InputError(f"env.provider = {provider!r}: not a cloud (one of {', '.join(CLOUDS)})")

@@ -104,12 +104,14 @@ def check_supported(
     skip_unsupported: bool,
     source: str | Path = "the suite",
     available: set[str] | None = None,
+    recorded: set[str] | None = None,
 ) -> tuple[list[SuiteTask], list[SkippedTask]]:
     """The tasks guirl can run, and those it cannot. Checked before any VM starts: without
     `skip_unsupported` a suite with an unsupported task is refused, naming each task and what it lacks
     (an unscorable task would otherwise fail every attempt, and the accuracy would be over a self-selected
     part of the suite); with it, those tasks are left out and listed as skipped, never run. `available`: the
-    settings of `check.NEEDS_SETTINGS` the run provides (None: not checked)."""
+    settings of `check.NEEDS_SETTINGS` the run provides (None: not checked); `recorded`: on replayed
+    desktops, the tasks the recording has (any other lacks `recording`; None: not checked)."""
     from guirl.vmpool.tasks.check import missing_parts, unavailable_parts
 
     runnable: list[SuiteTask] = []
@@ -119,6 +121,8 @@ def check_supported(
         missing = missing_parts(task)
         if available is not None:
             missing += unavailable_parts(task, available)
+        if recorded is not None and t.task_id not in recorded:
+            missing.append("recording")
         if missing:
             skipped.append(SkippedTask(t.task_id, t.domain, missing))
         else:

@@ -1,0 +1,291 @@
+"""The process behind the `replay` provider: many replayed desktops, each a VM server on its own socket.
+
+    python -m guirl.vmpool.replay_host --recording RUN_DIR --dir DIR [--step-latency S]
+
+Each desktop listens on `DIR/<id>.sock` and answers guirl's VM protocol from the recorded episode it is
+bound to (see `replay.py`): `/screenshot` is the current recorded screen; `/action` takes a typed action
+(refused as the real server refuses: bad JSON 400, a point off the screen 422); the first screen asked
+for after actions (in `/action`'s reply or by `/screenshot`) is the next recorded one, given after
+`--step-latency` seconds. `/execute` and the routes that would run programs or read files answer 501: a
+replayed desktop has neither. `DIR/admin.sock` is the provider's: create, bind, reset, kill and delete
+desktops, and `GET /stats`. The host writes `{"ready": true, ...}` on stdout when it listens, and ends on
+SIGTERM or when its stdin closes (the provider's process is gone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import resource
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import msgspec
+from aiohttp import web
+
+from guirl.agent.actions import AnyAction
+from guirl.vmpool.replay import POINT_FIELDS, Recorded, load_recording
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_BODY = 1 << 20
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"status": "error", "message": message, "error": message}, status=status)
+
+
+class Screens:
+    """Recorded screens read once and shared by every desktop that shows them."""
+
+    def __init__(self) -> None:
+        self._bytes: dict[Path, bytes] = {}
+        self.loaded_bytes = 0
+
+    def get(self, path: Path) -> bytes:
+        data = self._bytes.get(path)
+        if data is None:
+            data = self._bytes[path] = path.read_bytes()
+            self.loaded_bytes += len(data)
+        return data
+
+
+class Desktop:
+    """One replayed desktop: the recording it plays and where it is in it."""
+
+    def __init__(self, host: ReplayHost, vm_id: str, tag: str, recorded: Recorded) -> None:
+        self.host, self.vm_id, self.tag = host, vm_id, tag
+        self.recorded = recorded
+        self.position = 0  # index into recorded.screens
+        self.pending = False  # actions were taken since the screen was last shown
+        self.runner: web.AppRunner | None = None
+
+    def restart(self, recorded: Recorded | None = None) -> None:
+        self.recorded = recorded or self.recorded
+        self.position, self.pending = 0, False
+
+    async def screen(self) -> bytes:
+        """The screen now; the next recorded one (after the step latency) once actions were taken."""
+        if self.pending:
+            self.pending = False
+            if self.host.step_latency_s > 0:
+                await asyncio.sleep(self.host.step_latency_s)
+            self.position = min(self.position + 1, len(self.recorded.screens) - 1)
+            self.host.steps += 1
+        return self.host.screens.get(self.recorded.screens[self.position])
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY)
+        r = app.router
+        r.add_get("/screenshot", self.screenshot)
+        r.add_get("/platform", self.platform)
+        r.add_post("/screen_size", self.screen_size)
+        r.add_get("/cursor_position", self.cursor_position)
+        r.add_get("/health", self.health)
+        r.add_post("/action", self.action)
+        r.add_route("*", "/{tail:.*}", self.unavailable)
+        return app
+
+    async def screenshot(self, _request: web.Request) -> web.Response:
+        return web.Response(body=await self.screen(), content_type="image/png")
+
+    async def platform(self, _request: web.Request) -> web.Response:
+        return web.Response(text="Linux")
+
+    async def screen_size(self, _request: web.Request) -> web.Response:
+        w, h = self.host.size
+        return web.json_response({"width": w, "height": h})
+
+    async def cursor_position(self, _request: web.Request) -> web.Response:
+        return web.json_response([0, 0])
+
+    async def health(self, _request: web.Request) -> web.Response:
+        w, h = self.host.size
+        return web.json_response({"status": "ok", "width": w, "height": h})
+
+    async def action(self, request: web.Request) -> web.Response:
+        try:
+            act = msgspec.json.decode(await request.read(), type=AnyAction)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return _action_reply(False, f"bad action: {exc}", None, status=400)
+        w, h = self.host.size
+        fields = msgspec.to_builtins(act)
+        for name in POINT_FIELDS:  # the real server refuses a point off its screen, and so does this one
+            value = fields.get(name)
+            if isinstance(value, int) and value >= (w if name in ("x", "to_x") else h):
+                return _action_reply(False, f"({name}={value}) is off the {w}x{h} screen", None, status=422)
+        self.pending = True
+        self.host.actions += 1
+        want_shot = request.query.get("screenshot", "1") != "0"
+        return _action_reply(True, "", await self.screen() if want_shot else None)
+
+    async def unavailable(self, request: web.Request) -> web.Response:
+        return _error(
+            501, f"{request.method} {request.path}: a replayed desktop runs no programs and has no files"
+        )
+
+
+def _action_reply(ok: bool, error: str, png: bytes | None, status: int = 200) -> web.Response:
+    body = msgpack.packb({"ok": ok, "error": error, "screenshot": png})
+    return web.Response(body=body, status=status, content_type="application/msgpack")
+
+
+class ReplayHost:
+    """The desktops of one provider, and the admin routes that manage them."""
+
+    def __init__(
+        self, recording_dir: str, sock_dir: Path, step_latency_s: float, size: tuple[int, int] | None
+    ):
+        self.recording = load_recording(recording_dir, size)
+        self.size: tuple[int, int] = self.recording.size or (1920, 1080)
+        self.sock_dir = sock_dir
+        self.step_latency_s = step_latency_s
+        self.screens = Screens()
+        self.desktops: dict[str, Desktop] = {}
+        self.steps = 0
+        self.actions = 0
+        self._default = next(iter(self.recording.by_key.values()))
+
+    def admin_app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY)
+        r = app.router
+        r.add_post("/desktops", self.create)
+        r.add_get("/desktops", self.list)
+        r.add_post("/desktops/{id}/bind", self.bind)
+        r.add_post("/desktops/{id}/reset", self.reset)
+        r.add_post("/desktops/{id}/kill", self.kill)
+        r.add_delete("/desktops/{id}", self.delete)
+        r.add_get("/stats", self.stats)
+        return app
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            data = await request.json() if request.can_read_body else {}
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise web.HTTPBadRequest(text=json.dumps({"error": f"bad JSON: {exc}"})) from None
+        if not isinstance(data, dict):
+            raise web.HTTPBadRequest(text=json.dumps({"error": "expected a JSON object"}))
+        return data
+
+    def _desktop(self, request: web.Request) -> Desktop:
+        desktop = self.desktops.get(request.match_info["id"])
+        if desktop is None:
+            raise web.HTTPNotFound(text=json.dumps({"error": f"no desktop {request.match_info['id']!r}"}))
+        return desktop
+
+    async def create(self, request: web.Request) -> web.Response:
+        data = await self._body(request)
+        vm_id, tag = data.get("id"), data.get("tag", "")
+        if not isinstance(vm_id, str) or not _ID.fullmatch(vm_id) or not isinstance(tag, str):
+            return _error(400, "id must be 1-64 letters, digits, '-' or '_', and tag a string")
+        if vm_id in self.desktops:
+            return _error(409, f"desktop {vm_id} exists")
+        desktop = Desktop(self, vm_id, tag, self._default)
+        runner = web.AppRunner(desktop.app(), handle_signals=False, access_log=None)
+        await runner.setup()
+        await web.UnixSite(runner, str(self.sock_dir / f"{vm_id}.sock")).start()
+        desktop.runner = runner
+        self.desktops[vm_id] = desktop
+        return web.json_response({"id": vm_id})
+
+    async def list(self, request: web.Request) -> web.Response:
+        tag = request.query.get("tag")
+        return web.json_response({"ids": [d.vm_id for d in self.desktops.values() if tag in (None, d.tag)]})
+
+    async def bind(self, request: web.Request) -> web.Response:
+        desktop = self._desktop(request)
+        key = (await self._body(request)).get("key")
+        recorded = self.recording.by_key.get(key) if isinstance(key, str) else None
+        if recorded is None:
+            return _error(404, f"no replayable recording {key!r}")
+        desktop.restart(recorded)
+        return web.json_response({"key": key})
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self._desktop(request).restart()
+        return web.json_response({})
+
+    async def kill(self, request: web.Request) -> web.Response:
+        desktop = self._desktop(request)
+        if desktop.runner is not None:
+            await desktop.runner.cleanup()  # its socket closes: it stops answering, as a dead VM
+            desktop.runner = None
+        return web.json_response({})
+
+    async def delete(self, request: web.Request) -> web.Response:
+        desktop = self.desktops.pop(request.match_info["id"], None)
+        if desktop is not None and desktop.runner is not None:
+            await desktop.runner.cleanup()
+        with contextlib.suppress(OSError):
+            (self.sock_dir / f"{request.match_info['id']}.sock").unlink()
+        return web.json_response({})
+
+    async def stats(self, _request: web.Request) -> web.Response:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return web.json_response(
+            {
+                "desktops": len(self.desktops),
+                "steps": self.steps,
+                "actions": self.actions,
+                "screen_bytes": self.screens.loaded_bytes,
+                "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+                "max_rss_kb": usage.ru_maxrss,
+            }
+        )
+
+    async def close(self) -> None:
+        for desktop in list(self.desktops.values()):
+            if desktop.runner is not None:
+                await desktop.runner.cleanup()
+        self.desktops.clear()
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    sock_dir = Path(args.dir)
+    size = (args.width, args.height) if args.width and args.height else None
+    host = ReplayHost(args.recording, sock_dir, args.step_latency, size)
+    admin = web.AppRunner(host.admin_app(), handle_signals=False, access_log=None)
+    await admin.setup()
+    await web.UnixSite(admin, str(sock_dir / "admin.sock")).start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # the provider's process holds our stdin: its end (the process died) is ours
+    loop.add_reader(sys.stdin.fileno(), lambda: os.read(sys.stdin.fileno(), 4096) or stop.set())
+    ready = {
+        "ready": True,
+        "pid": os.getpid(),
+        "episodes": len(host.recording.by_key),
+        "started": time.time(),
+    }
+    sys.stdout.write(json.dumps(ready) + "\n")
+    sys.stdout.flush()
+    await stop.wait()
+    await host.close()
+    await admin.cleanup()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recording", required=True, help="the recorded run directory")
+    ap.add_argument("--dir", required=True, help="where the sockets go")
+    ap.add_argument("--step-latency", type=float, default=0.0, help="seconds each step takes")
+    ap.add_argument("--width", type=int, default=0)
+    ap.add_argument("--height", type=int, default=0)
+    args = ap.parse_args(argv)
+    import uvloop
+
+    return uvloop.run(_serve(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
