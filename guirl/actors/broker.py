@@ -235,6 +235,7 @@ def _response(result: GenResult, waited: float) -> PolicyResponse:
         policy_epoch=result.policy_epoch,
         engine=result.engine,
         latency_s=result.latency_s + waited,
+        queue_s=waited,
         error=result.error,
     )
 

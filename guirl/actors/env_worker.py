@@ -742,7 +742,12 @@ class EnvWorker(Actor):
                     episode.outcome, episode.parse_error = "parse_error", f"{exc.code}: {exc}"
                     record.update(
                         parse_error=episode.parse_error,
-                        timing={"prompt_s": round(tp - t0, 4), "infer_s": round(t1 - t0, 4)},
+                        timing={
+                            "prompt_s": round(tp - t0, 4),
+                            "infer_s": round(t1 - t0, 4),
+                            "engine_s": round(response.latency_s - response.queue_s, 4),
+                            "queue_s": round(response.queue_s, 4),
+                        },
                     )
                     traj.write(json.dumps(record) + "\n")
                     if ep.mode == "train":  # an unparseable response is the policy's: it is trained on
@@ -762,6 +767,8 @@ class EnvWorker(Actor):
                     timing={
                         "prompt_s": round(tp - t0, 4),
                         "infer_s": round(t1 - t0, 4),
+                        "engine_s": round(response.latency_s - response.queue_s, 4),
+                        "queue_s": round(response.queue_s, 4),
                         "act_s": round(t2 - t1, 4),
                     },
                 )

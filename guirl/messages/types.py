@@ -334,8 +334,11 @@ class PolicyResponse(Message):
     policy_version: int = -1
     engine: str = ""
     latency_s: float = 0.0
+    """Seconds from the broker's taking the request to its answer: `queue_s`, then the engine's time."""
     error: str = ""
     """Why the engine aborted the request (finish_reason `abort`): the request's fault, never the policy's."""
+    queue_s: float = 0.0
+    """Seconds the request waited in the broker's queue before an engine took it (part of `latency_s`)."""
     policy_epoch: int = 0
     """The learner's lineage the version belongs to (`WeightsPublished.epoch`): a version number names
     weights only together with it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 from pathlib import Path
 
@@ -57,11 +58,20 @@ def write_recording(
     score: float = 1.0,
 ) -> dict:
     """A run directory at `root` with one completed episode per task (`steps` steps: clicks and typing,
-    then DONE), its screens drawn from `distinct_screens` desktop images; and `root/scripts/` for the
-    scripted backend. Returns {"tasks": [...], "screen_bytes": mean PNG size, "scripts": dir, "suite": the
-    task list file}."""
+    then DONE), its screens links to `distinct_screens` desktop images (`root/screens/`); and
+    `root/scripts/` for the scripted backend. Returns {"tasks": [...], "screen_bytes": mean PNG size,
+    "scripts": dir, "suite": the task list file}."""
     w, h = size
     pngs = [desktop_png(w, h, seed, photo) for seed in range(distinct_screens)]
+    pool = root / "screens"  # the distinct screens; episodes hold links to them
+    pool.mkdir(parents=True, exist_ok=True)
+    for i, png in enumerate(pngs):
+        (pool / f"{i}.png").write_bytes(png)
+
+    def put(path: Path, i: int) -> None:
+        path.unlink(missing_ok=True)
+        os.link(pool / f"{i % len(pngs)}.png", path)
+
     scripts = root / "scripts"
     scripts.mkdir(parents=True, exist_ok=True)
     examples = root / "suite" / "examples" / "replayed"
@@ -83,11 +93,11 @@ def write_recording(
         actions.append({"type": "done"})
         with open(episode / "traj.jsonl", "w") as traj:
             for s, action in enumerate(actions):
-                (episode / f"step_{s:03d}.png").write_bytes(pngs[(t + s) % len(pngs)])
+                put(episode / f"step_{s:03d}.png", t + s)
                 traj.write(
                     json.dumps({"step": s, "screenshot": f"step_{s:03d}.png", "actions": [action]}) + "\n"
                 )
-        (episode / "final.png").write_bytes(pngs[(t + steps) % len(pngs)])
+        put(episode / "final.png", t + steps)
         (episode / "result.json").write_text(
             json.dumps(
                 {

@@ -43,17 +43,22 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class Screens:
-    """Recorded screens read once and shared by every desktop that shows them."""
+    """Recorded screens read once and shared by every desktop that shows them (one file's links once)."""
 
     def __init__(self) -> None:
         self._bytes: dict[Path, bytes] = {}
+        self._files: dict[tuple[int, int], bytes] = {}
         self.loaded_bytes = 0
 
     def get(self, path: Path) -> bytes:
         data = self._bytes.get(path)
         if data is None:
-            data = self._bytes[path] = path.read_bytes()
-            self.loaded_bytes += len(data)
+            st = path.stat()
+            data = self._files.get((st.st_dev, st.st_ino))
+            if data is None:
+                data = self._files[(st.st_dev, st.st_ino)] = path.read_bytes()
+                self.loaded_bytes += len(data)
+            self._bytes[path] = data
         return data
 
 
