@@ -56,10 +56,12 @@ def write_recording(
     distinct_screens: int = 8,
     photo: float = 0.03,
     score: float = 1.0,
+    vary: bool = False,
 ) -> dict:
     """A run directory at `root` with one completed episode per task (`steps` steps: clicks and typing,
     then DONE), its screens links to `distinct_screens` desktop images (`root/screens/`); and
-    `root/scripts/` for the scripted backend. Returns {"tasks": [...], "screen_bytes": mean PNG size,
+    `root/scripts/` for the scripted backend. `vary`: episodes of `steps` / 2 to 3 x `steps` / 2 steps (their
+    mean is about `steps`), so that desktops started together drift apart. Returns {"tasks": [...], "screen_bytes": mean PNG size,
     "scripts": dir, "suite": the task list file}."""
     w, h = size
     pngs = [desktop_png(w, h, seed, photo) for seed in range(distinct_screens)]
@@ -82,8 +84,10 @@ def write_recording(
         ids.append(task_id)
         episode = root / "episodes" / task_id / f"{task_id}-e0"
         episode.mkdir(parents=True, exist_ok=True)
+        length = steps // 2 + (t * 7919) % (steps + 1) if vary else steps
+        length = max(1, length)
         actions = []
-        for s in range(steps - 1):
+        for s in range(length - 1):
             if s % 2 == 0:
                 actions.append(
                     {"type": "click", "x": (97 * (s + t + 1)) % (w - 1), "y": (61 * (s + 3)) % (h - 1)}
@@ -97,7 +101,7 @@ def write_recording(
                 traj.write(
                     json.dumps({"step": s, "screenshot": f"step_{s:03d}.png", "actions": [action]}) + "\n"
                 )
-        put(episode / "final.png", t + steps)
+        put(episode / "final.png", t + length)
         (episode / "result.json").write_text(
             json.dumps(
                 {
@@ -107,7 +111,7 @@ def write_recording(
                     "status": "completed",
                     "outcome": "done",
                     "score": score,
-                    "steps": steps,
+                    "steps": length,
                     "env_error": "",
                 }
             )

@@ -1,0 +1,408 @@
+"""The control plane at 64, 256 and 1,024 desktops: does one coordinator, one broker and the env workers keep
+up with a thousand desktops stepping every few seconds, and what saturates first?
+
+Each point is one `guirl eval` (this checkout's `bin/guirl`, a subprocess: the public entry point, its real
+actor processes) on configs/local_eval.toml with `--set` overrides:
+
+- the desktops are replayed (`env.provider = "replay"`, `guirl.vmpool.replay`): a synthetic recorded run
+  (`guirl.testing.recording`) of desktop-like screens, `--screen` (1920x1080 by default) PNGs of about
+  100 KB (the JSON says the mean), each step taking `--period` minus `--engine-s` seconds on the desktop
+  (the replay host's step latency: a cloud VM acting and settling, no CPU here). Each env worker's desktops
+  live in one replay host process of its own, so the bench can tell the desktops' CPU from guirl's;
+- the policy is the scripted backend as a latency model: every request takes `--engine-s` seconds
+  (`inference.scripted.latency_s`), streamed (`inference.dispatch = "stream"`: each request alone, up to
+  `inference.max_batch` in flight, as the broker drives SGLang's continuous batching), answered from the
+  recording's scripts, so every episode takes the recorded actions and is scored by the recording;
+- `--episodes` episodes per desktop of `--steps` steps; `--vms-per-worker` desktops per env worker.
+
+So a desktop's ideal step period is `--period` (5 s) and the ideal rate `desktops / period`. Measured per
+point, over the steady span (every desktop playing: the longest stretch with at least 90 % of the desktops
+mid-episode):
+
+- env steps/s (steps acted in the span over its length) and its fraction of the ideal;
+- the latency guirl adds per step, p50/p99: from the screen's arrival at the env worker to the policy's
+  answer there (traj.jsonl's `infer_s`: the prompt built, the ZeroMQ hops, the broker's queue and routing),
+  minus the engine's own time (`engine_s`);
+- CPU seconds per step of the coordinator (the driver process: coordinator, supervisor, progress), the
+  broker, the env workers (each, and all) and the replay hosts (the desktops: not guirl's), from
+  /proc/PID/stat sampled every 0.5 s; each one's busy fraction (a process saturates at one core, the
+  machine at its cores); and the first component to saturate: the busiest process relative to a core;
+- memory per desktop slot: the env workers' and replay hosts' resident memory over the desktops.
+
+Targets (the issue's): at 1,024 desktops with a 5 s period, >= 90 % of the ideal rate (>= 185 steps/s) and
+guirl's added latency <= 20 ms at p99. Prints a table, then one line of JSON.
+
+    python bench/control_plane.py [--points 64,256,1024] [--period 5] [--engine-s 1] [--steps 10]
+        [--episodes 2] [--vms-per-worker 128] [--screen 1920x1080] [--keep] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from guirl.config.schema import ENV_VARS  # noqa: E402
+from guirl.testing.recording import write_recording  # noqa: E402
+
+CONFIG = ROOT / "configs" / "local_eval.toml"
+SAMPLE_S = 0.5
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TARGET_FRACTION = 0.9
+TARGET_P99_MS = 20.0
+WINDOW = 0.6
+"""The share of a run's stepping, in its middle, over which it is measured."""
+
+
+def numbers(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want positive numbers, comma-separated")
+    return values
+
+
+def screen(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want WIDTHxHEIGHT") from None
+    if not (64 <= w <= 8192 and 64 <= h <= 8192):
+        raise argparse.ArgumentTypeError(f"{text!r}: sides of 64 to 8192 pixels")
+    return w, h
+
+
+# -- processes --------------------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[float, int, int] | None:
+    """(CPU seconds, resident bytes, parent pid) of `pid`, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK, int(fields[21]) * PAGE, int(fields[1])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+class Sampler:
+    """Every process under the driver: CPU seconds and resident memory every SAMPLE_S, in a thread."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root = root_pid
+        self.samples: list[tuple[float, dict[int, tuple[float, int]]]] = []
+        self.parents: dict[int, int] = {}
+        self.replay_hosts: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.time()
+            seen: dict[int, tuple[float, int]] = {}
+            for name in os.listdir("/proc"):
+                if not name.isdigit():
+                    continue
+                stat = _stat(int(name))
+                if stat is None:
+                    continue
+                self.parents[int(name)] = stat[2]
+                if self._under_root(int(name)):
+                    seen[int(name)] = stat[:2]
+                    if int(name) not in self.replay_hosts and "guirl.vmpool.replay_host" in _cmdline(
+                        int(name)
+                    ):
+                        self.replay_hosts.add(int(name))
+            self.samples.append((now, seen))
+            self._stop.wait(SAMPLE_S)
+
+    def _under_root(self, pid: int) -> bool:
+        for _ in range(64):
+            if pid == self.root:
+                return True
+            pid = self.parents.get(pid, 0)
+            if pid <= 1:
+                return False
+        return False
+
+    def at(self, t: float) -> dict[int, tuple[float, int]]:
+        """The sample nearest `t`."""
+        return min(self.samples, key=lambda s: abs(s[0] - t))[1]
+
+
+# -- one point --------------------------------------------------------------------------------------------
+
+
+def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str]:
+    workers = max(1, -(-n // args.vms_per_worker))
+    w, h = args.screen
+    return [
+        f"run.root_dir={tmp / f'n{n}'}",
+        f"run.name=control-n{n}",
+        "inference.backend=scripted",
+        "inference.engines=1",
+        "inference.dispatch=stream",
+        f"inference.max_batch={n}",
+        f"inference.max_queue={max(256, 2 * n)}",
+        f"inference.scripted.dir={rec['scripts']}",
+        f"inference.scripted.latency_s={args.engine_s}",
+        "env.provider=replay",
+        f"env.replay.run={tmp / 'recording'}",
+        f"env.replay.step_latency_s={args.period - args.engine_s}",
+        "env.action_space=computer_use",
+        f"env.screen_width={w}",
+        f"env.screen_height={h}",
+        f"env.max_envs={n}",
+        f"env.prewarm_envs={n}",
+        f"env.workers={workers}",
+        f"env.vms_per_worker={-(-n // workers)}",
+        f"eval.tasks={rec['suite']}",
+        f"eval.limit={n * args.episodes}",
+        f"agent.max_steps={2 * args.steps + 2}",
+        f"agent.max_pixels={args.max_pixels}",
+        "agent.sleep_after_action_s=0",
+        "logging.level=WARNING",
+        *args.set,
+    ]
+
+
+def steps_of(run_dir: Path) -> tuple[list[dict], list[float]]:
+    """Every step acted (its time, timing and whether it acted on the desktop) and the seconds between
+    consecutive steps of an episode, from the episodes' traj.jsonl."""
+    steps, intervals = [], []
+    for traj in run_dir.glob("episodes/*/*/traj.jsonl"):
+        times = []
+        for line in traj.read_text().splitlines():
+            record = json.loads(line)
+            times.append(record["time"])
+            terminal = any(a.get("type") in ("done", "fail") for a in record.get("actions", []))
+            steps.append({"time": record["time"], "acted": not terminal, **record.get("timing", {})})
+        intervals += [b - a for a, b in zip(times, times[1:])]
+    return sorted(steps, key=lambda s: s["time"]), intervals
+
+
+def window(steps: list[dict]) -> tuple[float, float] | None:
+    """The middle WINDOW share of the run's stepping (from its first step to its last): start-up, the first
+    wave of episodes all starting together, and the tail, where desktops run out of episodes, left out."""
+    if len(steps) < 2:
+        return None
+    first, last = steps[0]["time"], steps[-1]["time"]
+    cut = (1 - WINDOW) / 2 * (last - first)
+    return first + cut, last - cut
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+
+
+def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[str, Any]:
+    overrides = [x for s in settings(args, n, tmp, rec) for x in ("--set", s)]
+    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), "eval", "--config", str(CONFIG), *overrides]
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    started = time.time()
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+    )
+    with Sampler(proc.pid) as sampler:
+        out, _ = proc.communicate(timeout=args.timeout)
+    wall = time.time() - started
+    found = list((tmp / f"n{n}").glob("*/summary.json"))
+    if proc.returncode != 0 or len(found) != 1:
+        return {"desktops": n, "valid": False, "error": f"exit {proc.returncode}: {out[-1500:]}"}
+    run_dir = found[0].parent
+    summary = json.loads(found[0].read_text())
+    status = json.loads((run_dir / "status.json").read_text())
+    steps, intervals = steps_of(run_dir)
+    span = window(steps)
+    point: dict[str, Any] = {
+        "desktops": n,
+        "env_workers": max(1, -(-n // args.vms_per_worker)),
+        "wall_s": round(wall, 1),
+        "episodes": summary.get("episodes"),
+        "accuracy": summary.get("accuracy"),
+        "env_errors": summary.get("env_errors"),
+        "aborted": summary.get("aborted"),
+    }
+    if span is None or span[1] - span[0] < 4 * args.period:
+        point.update(valid=False, error="the run stepped too briefly to measure (more --episodes)")
+        return point
+    t0, t1 = span
+    inside = [s for s in steps if t0 <= s["time"] <= t1]
+    rate = len(inside) / (t1 - t0)
+    # the ideal: every desktop always stepping, a step acted on the desktop taking `period`, a terminal one
+    # (DONE or FAIL: nothing is sent to the desktop) the engine's time only; episode turnover costs nothing
+    acted = sum(s["acted"] for s in steps) / len(steps)
+    ideal = n / (acted * args.period + (1 - acted) * args.engine_s)
+    added = [1000 * (s["infer_s"] - s["engine_s"]) for s in steps if "infer_s" in s and "engine_s" in s]
+    queue = [1000 * s["queue_s"] for s in steps if "queue_s" in s]
+    prompt = [1000 * s["prompt_s"] for s in steps if "prompt_s" in s]
+    # the rest: the request's and the answer's way between the env worker and the broker (ZeroMQ, codec)
+    hops = [
+        1000 * (s["infer_s"] - s["engine_s"] - s["queue_s"] - s["prompt_s"])
+        for s in steps
+        if {"infer_s", "engine_s", "queue_s", "prompt_s"} <= s.keys()
+    ]
+    # processes: the driver (coordinator), the broker, the env workers, the replay hosts
+    names = {a["pid"]: name for name, a in status.get("actors", {}).items() if a.get("pid")}
+    a, b = sampler.at(t0), sampler.at(t1)
+    groups: dict[str, list[int]] = {
+        "coordinator": [proc.pid],
+        "broker": [],
+        "env_worker": [],
+        "replay_host": [],
+    }
+    for pid in b:
+        if pid in sampler.replay_hosts:
+            groups["replay_host"].append(pid)
+        elif names.get(pid) == "broker":
+            groups["broker"].append(pid)
+        elif names.get(pid, "").startswith("worker"):
+            groups["env_worker"].append(pid)
+    steps_in = max(1, len(inside))
+    cpu: dict[str, Any] = {}
+    busiest = ("", 0.0)
+    for group, pids in groups.items():
+        deltas = [b[p][0] - a.get(p, (b[p][0], 0))[0] for p in pids if p in b]
+        if not deltas:
+            continue
+        cpu[group] = {
+            "cpu_ms_per_step": round(1000 * sum(deltas) / steps_in, 3),
+            "busy_max": round(max(deltas) / (t1 - t0), 3),  # the busiest process of the group, in cores
+            "processes": len(deltas),
+        }
+        if group != "replay_host" and max(deltas) / (t1 - t0) > busiest[1]:
+            busiest = (group, max(deltas) / (t1 - t0))
+    machine = sum(b[p][0] - a.get(p, (b[p][0], 0))[0] for p in b) / (t1 - t0)
+    rss = {g: sum(b[p][1] for p in pids if p in b) for g, pids in groups.items()}
+    point.update(
+        valid=bool(summary.get("env_errors") == 0 and summary.get("aborted") == 0),
+        measured_s=round(t1 - t0, 1),
+        steps_per_s=round(rate, 2),
+        ideal_steps_per_s=round(ideal, 2),
+        fraction_of_ideal=round(rate / ideal, 3),
+        step_period_s=round(statistics.mean(intervals), 3) if intervals else None,
+        added_ms_p50=round(pct(added, 0.5), 2) if added else None,
+        added_ms_p99=round(pct(added, 0.99), 2) if added else None,
+        queue_ms_p99=round(pct(queue, 0.99), 2) if queue else None,
+        prompt_ms_p50=round(pct(prompt, 0.5), 2) if prompt else None,
+        prompt_ms_p99=round(pct(prompt, 0.99), 2) if prompt else None,
+        hops_ms_p99=round(pct(hops, 0.99), 2) if hops else None,
+        cpu=cpu,
+        machine_cores_busy=round(machine, 2),
+        cores=os.cpu_count(),
+        first_to_saturate=busiest[0] if busiest[1] >= 0.9 else None,
+        busiest=busiest[0],
+        busiest_cores=round(busiest[1], 3),
+        mem_mb_per_slot=round((rss["env_worker"] + rss["replay_host"]) / n / 2**20, 2),
+        mem_mb={g: round(v / 2**20, 1) for g, v in rss.items()},
+    )
+    if machine >= 0.9 * (os.cpu_count() or 1) and point["first_to_saturate"] is None:
+        point["first_to_saturate"] = "machine"
+    return point
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--points", type=numbers, default=[64, 256, 1024], help="desktops at each point")
+    ap.add_argument("--period", type=float, default=5.0, help="a desktop's ideal seconds per step")
+    ap.add_argument("--engine-s", type=float, default=1.0, help="the engine's seconds per request")
+    ap.add_argument("--steps", type=int, default=10, help="steps per episode")
+    ap.add_argument("--episodes", type=int, default=4, help="episodes per desktop")
+    ap.add_argument("--vms-per-worker", type=int, default=128)
+    ap.add_argument("--screen", type=screen, default=(1920, 1080))
+    ap.add_argument(
+        "--max-pixels", type=int, default=16 * 16 * 4 * 12800, help="agent.max_pixels (Qwen3-VL's default)"
+    )
+    ap.add_argument("--timeout", type=float, default=1800.0, help="seconds one point may take")
+    ap.add_argument("--keep", action="store_true", help="keep the recording and the runs")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides")
+    args = ap.parse_args(argv)
+    if not 0 < args.engine_s < args.period:
+        ap.error("--engine-s must be above 0 and below --period")
+    tmp = Path(tempfile.mkdtemp(prefix="guirl-control-"))
+    try:
+        rec = write_recording(
+            tmp / "recording",
+            tasks=max(args.points) * args.episodes,
+            steps=args.steps,
+            size=args.screen,
+            vary=True,
+        )
+        points = []
+        for n in args.points:
+            point = run_point(args, n, tmp, rec)
+            points.append(point)
+            print(
+                f"{n:>6} desktops  {point.get('steps_per_s', '-'):>8} steps/s  "
+                f"({point.get('fraction_of_ideal', '-')} of {point.get('ideal_steps_per_s', '-')})  "
+                f"added p50/p99 "
+                f"{point.get('added_ms_p50', '-')}/{point.get('added_ms_p99', '-')} ms  busiest "
+                f"{point.get('busiest', '-')} {point.get('busiest_cores', '-')} cores  "
+                f"{point.get('mem_mb_per_slot', '-')} MB/slot  valid {point['valid']}",
+                flush=True,
+            )
+        last = points[-1]
+        result = {
+            "bench": "control_plane",
+            "period_s": args.period,
+            "engine_s": args.engine_s,
+            "steps": args.steps,
+            "screen": f"{args.screen[0]}x{args.screen[1]}",
+            "screen_kb": round(rec["screen_bytes"] / 1024, 1),
+            "points": points,
+            "target": {
+                "desktops": last["desktops"],
+                "fraction": TARGET_FRACTION,
+                "p99_ms": TARGET_P99_MS,
+                "met": bool(
+                    last.get("valid")
+                    and last.get("fraction_of_ideal", 0) >= TARGET_FRACTION
+                    and (last.get("added_ms_p99") or 1e9) <= TARGET_P99_MS
+                ),
+            },
+        }
+        print(json.dumps(result))
+    finally:
+        if args.keep:
+            print(f"kept: {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
