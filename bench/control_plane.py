@@ -267,13 +267,13 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
     # (DONE or FAIL: nothing is sent to the desktop) the engine's time only; episode turnover costs nothing
     acted = sum(s["acted"] for s in steps) / len(steps)
     ideal = n / (acted * args.period + (1 - acted) * args.engine_s)
-    added = [1000 * (s["infer_s"] - s["engine_s"]) for s in steps if "infer_s" in s and "engine_s" in s]
-    queue = [1000 * s["queue_s"] for s in steps if "queue_s" in s]
-    prompt = [1000 * s["prompt_s"] for s in steps if "prompt_s" in s]
+    added = [1000 * (s["infer_s"] - s["engine_s"]) for s in inside if "infer_s" in s and "engine_s" in s]
+    queue = [1000 * s["queue_s"] for s in inside if "queue_s" in s]
+    prompt = [1000 * s["prompt_s"] for s in inside if "prompt_s" in s]
     # the rest: the request's and the answer's way between the env worker and the broker (ZeroMQ, codec)
     hops = [
         1000 * (s["infer_s"] - s["engine_s"] - s["queue_s"] - s["prompt_s"])
-        for s in steps
+        for s in inside
         if {"infer_s", "engine_s", "queue_s", "prompt_s"} <= s.keys()
     ]
     # processes: the driver (coordinator), the broker, the env workers, the replay hosts

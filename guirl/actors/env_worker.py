@@ -74,6 +74,10 @@ POLICY_ATTEMPTS = 8
 """Tries of one policy request (overloaded broker, broker restarting) before the episode is an env error."""
 
 
+POOL_FIGURES_S = 2.0
+"""Seconds between rewrites of `pools/<worker>.json` while nothing but leases changes."""
+
+
 class EnvFault(Exception):
     """Something outside the policy broke the episode (VM, setup, evaluator, broker)."""
 
@@ -208,6 +212,7 @@ class EnvWorker(Actor):
         self.outbox: collections.deque[tuple[_Episode, Transition]] = collections.deque()  # for the PRM
         self._outbox_changed = asyncio.Event()
         self._reports: set[asyncio.Task] = set()  # end reports under way (`settle`)
+        self._pool_written: tuple[tuple, float] = ((), 0.0)  # (the pool's events, when) last written
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -272,6 +277,19 @@ class EnvWorker(Actor):
         close = getattr(self.provider, "close", None)
         if close is not None:  # a provider's own process (the replay host)
             await close()
+
+    def _pool_changed(self) -> None:
+        """After an acquire: the pool's figures rewritten when a VM was made, failed or replaced since they
+        were last written, else at most every POOL_FIGURES_S (a worker with a hundred desktops starts an
+        episode every few tens of milliseconds)."""
+        assert self.pool is not None
+        events = tuple(
+            self.pool.counters.get(k, 0) for k in ("created", "failed", "replaced", "delete_failed")
+        )
+        now = time.monotonic()
+        if events != self._pool_written[0] or now - self._pool_written[1] >= POOL_FIGURES_S:
+            self._pool_written = (events, now)
+            self._write_pool_metrics()
 
     def _write_pool_metrics(self) -> None:
         """`pools/<worker>.json`: the pool's counts and reset latency, and its provider's own figures (a
@@ -452,7 +470,7 @@ class EnvWorker(Actor):
         try:
             lease = await self.pool.acquire(timeout=self.setup_timeout_s)
         finally:
-            self._write_pool_metrics()  # a VM made or not: the pool's figures as they are now
+            self._pool_changed()
         # The lease must be beaten while the episode holds it, through every long wait (setup, a policy
         # request, the evaluator): an expired lease is taken back, reset and lent to another episode.
         keepalive = asyncio.create_task(self._keep_lease(lease), name=f"lease:{lease.lease_id}")
@@ -695,6 +713,7 @@ class EnvWorker(Actor):
     ) -> None:
         ep = episode.ep
         screenshot = await client.screenshot()
+        self.pool.heard(lease)
         terminal = None
         with open(episode.dir / "traj.jsonl", "w") as traj:
             for step in range(ep.max_steps):
@@ -758,6 +777,7 @@ class EnvWorker(Actor):
                 if ep.mode == "train":
                     episode.add_sample(step, prompt, response, parsed.action_line)
                 refused, next_shot, terminal = await self._act(client, parsed.actions, ctx)
+                self.pool.heard(lease)
                 t2 = time.monotonic()
                 record.update(
                     action_line=parsed.action_line,

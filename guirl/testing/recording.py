@@ -60,9 +60,9 @@ def write_recording(
 ) -> dict:
     """A run directory at `root` with one completed episode per task (`steps` steps: clicks and typing,
     then DONE), its screens links to `distinct_screens` desktop images (`root/screens/`); and
-    `root/scripts/` for the scripted backend. `vary`: episodes of `steps` / 2 to 3 x `steps` / 2 steps (their
-    mean is about `steps`), so that desktops started together drift apart. Returns {"tasks": [...], "screen_bytes": mean PNG size,
-    "scripts": dir, "suite": the task list file}."""
+    `root/scripts/` for the scripted backend. `vary`: episodes of `steps` / 2 to 3 x `steps` / 2 steps
+    (their mean is about `steps`), so that desktops started together drift apart. Returns {"tasks": [...],
+    "screen_bytes": mean PNG size, "scripts": dir, "suite": the task list file}."""
     w, h = size
     pngs = [desktop_png(w, h, seed, photo) for seed in range(distinct_screens)]
     pool = root / "screens"  # the distinct screens; episodes hold links to them

@@ -3,7 +3,8 @@
 Pre-warms VMs with bounded concurrency, leases them with a heartbeat (a lease whose holder stops
 beating is taken back), resets a VM when it is released, health-checks every VM on a period and replaces
 one that stops answering (its lease, if any, is marked broken: an environment fault, never a policy
-failure), and keeps counts that always add up. It never knows which provider it drives.
+failure) — a leased VM that answered its holder within the period (`heard`) is not probed — and keeps counts
+that always add up. It never knows which provider it drives.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Lease:
     acquired_at: float = field(default_factory=time.monotonic)
     last_beat: float = field(default_factory=time.monotonic)
     broken: str = ""  # why the VM was taken away (it died), or "" while it is usable
+    heard_at: float = 0.0  # when the VM last answered its holder (`VMPool.heard`): no probe needed then
 
 
 @dataclass
@@ -172,6 +174,11 @@ class VMPool:
             raise PoolError(f"unknown lease {lease_id}")
         lease.last_beat = time.monotonic()
 
+    def heard(self, lease: Lease) -> None:
+        """The leased VM just answered its holder: the health monitor need not probe it this period (with a
+        thousand desktops, a probe of each every few seconds is most of an env worker's work)."""
+        lease.heard_at = time.monotonic()
+
     async def release(self, lease_id: str) -> None:
         """Give a VM back: it is reset to pristine, then lent again (or replaced if the reset fails)."""
         lease = self._leases.pop(lease_id, None)
@@ -280,7 +287,15 @@ class VMPool:
                     lease.broken = "lease expired"
                     await self.release(lease.lease_id)
             await self._retire_idle(now)
-            checks = [(v, v.generation) for v in self._vms.values() if v.state in ("idle", "busy")]
+            # a leased VM that answered its holder within the period is alive: only the others are probed
+            checks = [
+                (v, v.generation)
+                for v in self._vms.values()
+                if v.state == "idle"
+                or (
+                    v.state == "busy" and (v.lease is None or now - v.lease.heard_at > self.health_interval_s)
+                )
+            ]
             results = await asyncio.gather(*(self._healthy(v) for v, _ in checks), return_exceptions=True)
             for (vm, generation), ok in zip(checks, results, strict=True):
                 current = vm.vm_id in self._vms and vm.generation == generation and vm.state != "resetting"
