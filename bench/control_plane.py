@@ -177,9 +177,11 @@ def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str
         f"inference.max_queue={max(256, 2 * n)}",
         f"inference.scripted.dir={rec['scripts']}",
         f"inference.scripted.latency_s={args.engine_s}",
+        f"inference.scripted.latency_jitter={args.jitter}",
         "env.provider=replay",
         f"env.replay.run={tmp / 'recording'}",
         f"env.replay.step_latency_s={args.period - args.engine_s}",
+        f"env.replay.step_jitter={args.jitter}",
         "env.action_space=computer_use",
         f"env.screen_width={w}",
         f"env.screen_height={h}",
@@ -341,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--period", type=float, default=5.0, help="a desktop's ideal seconds per step")
     ap.add_argument("--engine-s", type=float, default=1.0, help="the engine's seconds per request")
     ap.add_argument("--steps", type=int, default=10, help="steps per episode")
+    ap.add_argument(
+        "--jitter", type=float, default=0.2, help="engine and desktop times vary by this fraction either side"
+    )
     ap.add_argument("--episodes", type=int, default=4, help="episodes per desktop")
     ap.add_argument("--vms-per-worker", type=int, default=128)
     ap.add_argument("--screen", type=screen, default=(1920, 1080))
@@ -380,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
             "bench": "control_plane",
             "period_s": args.period,
             "engine_s": args.engine_s,
+            "jitter": args.jitter,
             "steps": args.steps,
             "screen": f"{args.screen[0]}x{args.screen[1]}",
             "screen_kb": round(rec["screen_bytes"] / 1024, 1),

@@ -128,6 +128,7 @@ def make_engines(
                         coordinates=coordinates,
                         response_format=response_format,
                         latency_s=s.latency_s,
+                        latency_jitter=s.latency_jitter,
                         max_batch=inference.max_batch,
                     )
                 )

@@ -243,6 +243,7 @@ class EnvWorker(Actor):
                     self.env.replay.run,
                     screen=self.screen,
                     step_latency_s=self.env.replay.step_latency_s,
+                    step_jitter=self.env.replay.step_jitter,
                     tolerance_px=self.env.replay.tolerance_px,
                 )
             except ProviderError as exc:

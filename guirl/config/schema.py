@@ -215,6 +215,9 @@ class ReplayConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The recorded run directory whose episodes the desktops replay (its `episodes/`)."""
     step_latency_s: Annotated[float, Meta(ge=0, le=600)] = 0.0
     """Seconds a replayed desktop takes to act and show the next screen (a real VM's step time)."""
+    step_jitter: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    """Each step's time drawn uniformly within this fraction of `step_latency_s` either side (real desktops
+    do not step in lockstep)."""
     tolerance_px: Annotated[int, Meta(ge=0, le=10000)] = 8
     """How far (pixels) an action's point may be from the recorded one and still count as the recorded
     action: an episode that took the recorded actions gets the recorded score, any other is not scored."""
@@ -511,6 +514,9 @@ class ScriptedBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=
     """Directory of `<task_id>.jsonl` scripts: typed actions, or `{"response": "..."}` lines."""
     latency_s: Annotated[float, Meta(ge=0)] = 0.0
     """Simulated generation time per batch, in seconds."""
+    latency_jitter: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    """Each batch's time drawn uniformly within this fraction of `latency_s` either side (a latency model:
+    a real engine's time varies, so requests do not stay in lockstep)."""
 
 
 class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

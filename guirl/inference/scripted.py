@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import time
 from pathlib import Path
@@ -46,6 +47,7 @@ class ScriptedEngine:
         coordinates: Coordinates = "relative",
         response_format: str = "computer_use",
         latency_s: float = 0.0,
+        latency_jitter: float = 0.0,
         max_batch: int = 8,
     ) -> None:
         self.name = name
@@ -58,17 +60,23 @@ class ScriptedEngine:
             raise ValueError(f"response_format {response_format!r}: computer_use or gui_r1")
         self.response_format = response_format
         self.latency_s = latency_s
+        if not 0 <= latency_jitter <= 1:
+            raise ValueError(f"latency_jitter {latency_jitter}: a fraction of latency_s, 0 to 1")
+        self.latency_jitter = latency_jitter
+        self._rng = random.Random(name)
         self._scripts: dict[str, list[ScriptLine]] = {}
 
     async def start(self) -> None:
         """Nothing to load: scripts are read on first use."""
 
     async def generate(self, batch: list[GenRequest]) -> list[GenResult]:
-        """The scripted response of each request's (task, step), after one simulated generation delay."""
+        """The scripted response of each request's (task, step), after one simulated generation delay
+        (`latency_s`, give or take `latency_jitter` of it)."""
         started = time.monotonic()
         texts = [self._answer(request) for request in batch]  # a bad request fails the batch before the wait
         if self.latency_s > 0:
-            await asyncio.sleep(self.latency_s)
+            jitter = self.latency_jitter * self._rng.uniform(-1, 1)
+            await asyncio.sleep(self.latency_s * (1 + jitter))
         return stamp([GenResult(text=text, finish_reason="stop") for text in texts], self, started)
 
     async def health(self) -> bool:

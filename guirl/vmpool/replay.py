@@ -212,7 +212,8 @@ def _brief(action: dict) -> str:
 
 class ReplayProvider:
     """Desktops replaying `run_dir`'s episodes, hosted by one `replay_host` process this provider starts (on
-    first use) and stops with its last desktop's pool. `step_latency_s`: seconds each step takes to act."""
+    first use) and stops when closed. `step_latency_s`: seconds each step takes to act (give or take
+    `step_jitter` of it)."""
 
     def __init__(
         self,
@@ -220,6 +221,7 @@ class ReplayProvider:
         *,
         screen: tuple[int, int] | None = None,
         step_latency_s: float = 0.0,
+        step_jitter: float = 0.0,
         tolerance_px: int = 8,
         start_timeout_s: float = 60.0,
     ) -> None:
@@ -227,6 +229,7 @@ class ReplayProvider:
         for key, why in self.recording.skipped.items():
             log.info("replay: recorded episode %s skipped: %s", key, why)
         self.step_latency_s = step_latency_s
+        self.step_jitter = step_jitter
         self.tolerance_px = tolerance_px
         self.start_timeout_s = start_timeout_s
         self._proc: asyncio.subprocess.Process | None = None
@@ -255,6 +258,8 @@ class ReplayProvider:
                 str(self._dir),
                 "--step-latency",
                 str(self.step_latency_s),
+                "--step-jitter",
+                str(self.step_jitter),
             ]
             if self.recording.size is not None:
                 command += ["--width", str(self.recording.size[0]), "--height", str(self.recording.size[1])]

@@ -6,10 +6,10 @@ Each desktop listens on `DIR/<id>.sock` and answers guirl's VM protocol from the
 bound to (see `replay.py`): `/screenshot` is the current recorded screen; `/action` takes a typed action
 (refused as the real server refuses: bad JSON 400, a point off the screen 422); the first screen asked
 for after actions (in `/action`'s reply or by `/screenshot`) is the next recorded one, given after
-`--step-latency` seconds. `/execute` and the routes that would run programs or read files answer 501: a
-replayed desktop has neither. `DIR/admin.sock` is the provider's: create, bind, reset, kill and delete
-desktops, and `GET /stats`. The host writes `{"ready": true, ...}` on stdout when it listens, and ends on
-SIGTERM or when its stdin closes (the provider's process is gone).
+`--step-latency` seconds (give or take `--step-jitter` of it). `/execute` and the routes that would run
+programs or read files answer 501: a replayed desktop has neither. `DIR/admin.sock` is the provider's:
+create, bind, reset, kill and delete desktops, and `GET /stats`. The host writes `{"ready": true, ...}` on
+stdout when it listens, and ends on SIGTERM or when its stdin closes (the provider's process is gone).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import re
 import resource
 import signal
@@ -81,7 +82,8 @@ class Desktop:
         if self.pending:
             self.pending = False
             if self.host.step_latency_s > 0:
-                await asyncio.sleep(self.host.step_latency_s)
+                jitter = self.host.step_jitter * self.host.rng.uniform(-1, 1)
+                await asyncio.sleep(self.host.step_latency_s * (1 + jitter))
             self.position = min(self.position + 1, len(self.recorded.screens) - 1)
             self.host.steps += 1
         return self.host.screens.get(self.recorded.screens[self.position])
@@ -146,12 +148,19 @@ class ReplayHost:
     """The desktops of one provider, and the admin routes that manage them."""
 
     def __init__(
-        self, recording_dir: str, sock_dir: Path, step_latency_s: float, size: tuple[int, int] | None
-    ):
+        self,
+        recording_dir: str,
+        sock_dir: Path,
+        step_latency_s: float,
+        size: tuple[int, int] | None,
+        step_jitter: float = 0.0,
+    ) -> None:
         self.recording = load_recording(recording_dir, size)
         self.size: tuple[int, int] = self.recording.size or (1920, 1080)
         self.sock_dir = sock_dir
         self.step_latency_s = step_latency_s
+        self.step_jitter = step_jitter
+        self.rng = random.Random(str(sock_dir))
         self.screens = Screens()
         self.desktops: dict[str, Desktop] = {}
         self.steps = 0
@@ -255,7 +264,7 @@ class ReplayHost:
 async def _serve(args: argparse.Namespace) -> int:
     sock_dir = Path(args.dir)
     size = (args.width, args.height) if args.width and args.height else None
-    host = ReplayHost(args.recording, sock_dir, args.step_latency, size)
+    host = ReplayHost(args.recording, sock_dir, args.step_latency, size, args.step_jitter)
     admin = web.AppRunner(host.admin_app(), handle_signals=False, access_log=None)
     await admin.setup()
     await web.UnixSite(admin, str(sock_dir / "admin.sock")).start()
@@ -284,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recording", required=True, help="the recorded run directory")
     ap.add_argument("--dir", required=True, help="where the sockets go")
     ap.add_argument("--step-latency", type=float, default=0.0, help="seconds each step takes")
+    ap.add_argument("--step-jitter", type=float, default=0.0, help="give or take this fraction of it")
     ap.add_argument("--width", type=int, default=0)
     ap.add_argument("--height", type=int, default=0)
     args = ap.parse_args(argv)

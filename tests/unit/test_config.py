@@ -185,7 +185,7 @@ def test_bad_env_value_names_variable() -> None:
 def test_bad_enum_lists_choices() -> None:
     msg = error_message(env={"GUI_PROVIDER_NAME": "gcp"})
     assert msg == (
-        "env.provider: expected one of 'local', 'aws', 'volcengine', 'aliyun', got 'gcp' "
+        "env.provider: expected one of 'local', 'replay', 'aws', 'volcengine', 'aliyun', got 'gcp' "
         "(from env GUI_PROVIDER_NAME)"
     )
     msg = error_message(env={}, overrides=['recorder.directions=["in", "sideways"]'])
