@@ -104,7 +104,7 @@ def worker_specs(cfg: GuirlConfig, run_dir: Path, peers: Peers, *, mode: str) ->
             run_dir=str(run_dir),
             agent=cfg.agent,
             env=cfg.env,
-            cloud=cfg.cloud if cfg.env.provider != "local" else None,
+            cloud=cfg.cloud if cfg.env.provider not in ("local", "replay") else None,
             vms=vms,
             prewarm=min(vms, prewarm) if mode == "eval" else None,
             setup_timeout_s=cfg.eval.setup_timeout_s,
