@@ -15,11 +15,14 @@ actor processes) on configs/local_eval.toml with `--set` overrides:
   recording's scripts, so every episode takes the recorded actions and is scored by the recording;
 - `--episodes` episodes per desktop of `--steps` steps; `--vms-per-worker` desktops per env worker.
 
-So a desktop's ideal step period is `--period` (5 s) and the ideal rate `desktops / period`. Measured per
-point, over the steady span (every desktop playing: the longest stretch with at least 90 % of the desktops
-mid-episode):
+So a desktop's ideal step period is `--period` (5 s) and the ideal rate about `desktops / period` (exactly:
+a step that only says DONE or FAIL sends nothing to the desktop and takes the engine's time alone, so the
+ideal counts those steps at `--engine-s`). Engine and desktop times vary by `--jitter` (20 %) either side,
+so desktops do not step in lockstep. Episodes are 0.5-1.5x `--steps` long. Measured per point over the
+middle 60 % of the run's stepping (start-up, the first wave of episodes all starting together, and the
+tail where desktops run out of episodes left out):
 
-- env steps/s (steps acted in the span over its length) and its fraction of the ideal;
+- env steps/s (steps acted in the window over its length) and its fraction of the ideal;
 - the latency guirl adds per step, p50/p99: from the screen's arrival at the env worker to the policy's
   answer there (traj.jsonl's `infer_s`: the prompt built, the ZeroMQ hops, the broker's queue and routing),
   minus the engine's own time (`engine_s`);
@@ -42,6 +45,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -208,8 +212,9 @@ def steps_of(run_dir: Path) -> tuple[list[dict], list[float]]:
         for line in traj.read_text().splitlines():
             record = json.loads(line)
             times.append(record["time"])
-            terminal = any(a.get("type") in ("done", "fail") for a in record.get("actions", []))
-            steps.append({"time": record["time"], "acted": not terminal, **record.get("timing", {})})
+            # a step that only ends the episode sends nothing to the desktop (its time is the engine's)
+            acted = any(a.get("type") not in ("done", "fail") for a in record.get("actions", []))
+            steps.append({"time": record["time"], "acted": acted, **record.get("timing", {})})
         intervals += [b - a for a, b in zip(times, times[1:])]
     return sorted(steps, key=lambda s: s["time"]), intervals
 
@@ -237,10 +242,21 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     started = time.time()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,  # its whole tree can be stopped at once
     )
     with Sampler(proc.pid) as sampler:
-        out, _ = proc.communicate(timeout=args.timeout)
+        try:
+            out, _ = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return {"desktops": n, "valid": False, "error": f"did not finish within {args.timeout:.0f} s"}
     wall = time.time() - started
     found = list((tmp / f"n{n}").glob("*/summary.json"))
     if proc.returncode != 0 or len(found) != 1:
@@ -267,7 +283,7 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
     rate = len(inside) / (t1 - t0)
     # the ideal: every desktop always stepping, a step acted on the desktop taking `period`, a terminal one
     # (DONE or FAIL: nothing is sent to the desktop) the engine's time only; episode turnover costs nothing
-    acted = sum(s["acted"] for s in steps) / len(steps)
+    acted = sum(s["acted"] for s in inside) / len(inside)
     ideal = n / (acted * args.period + (1 - acted) * args.engine_s)
     added = [1000 * (s["infer_s"] - s["engine_s"]) for s in inside if "infer_s" in s and "engine_s" in s]
     queue = [1000 * s["queue_s"] for s in inside if "queue_s" in s]
@@ -298,7 +314,7 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
     cpu: dict[str, Any] = {}
     busiest = ("", 0.0)
     for group, pids in groups.items():
-        deltas = [b[p][0] - a.get(p, (b[p][0], 0))[0] for p in pids if p in b]
+        deltas = [b[p][0] - a.get(p, (0.0, 0))[0] for p in pids if p in b]  # one started since: all of it
         if not deltas:
             continue
         cpu[group] = {
@@ -308,7 +324,7 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
         }
         if group != "replay_host" and max(deltas) / (t1 - t0) > busiest[1]:
             busiest = (group, max(deltas) / (t1 - t0))
-    machine = sum(b[p][0] - a.get(p, (b[p][0], 0))[0] for p in b) / (t1 - t0)
+    machine = sum(b[p][0] - a.get(p, (0.0, 0))[0] for p in b) / (t1 - t0)
     rss = {g: sum(b[p][1] for p in pids if p in b) for g, pids in groups.items()}
     point.update(
         valid=bool(summary.get("env_errors") == 0 and summary.get("aborted") == 0),

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from guirl import roles
 from guirl.actors.coordinator import TaskResult
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
+from guirl.config.validate import check_replay_source
 from guirl.errors import InputError, RunError
 from guirl.fileio import read_jsonl, write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint
@@ -50,6 +51,7 @@ async def run_eval(
     suite = {t.task_id for t in tasks}
     earlier = earlier_sessions(cfg, run_dir, suite) if resume else Earlier()  # type: ignore[arg-type]
     run_dir = run_dir or make_run_dir(cfg)
+    check_replay_source(cfg, run_dir)
     save_resolved(cfg, run_dir)
     started = time.monotonic()
     source = cfg.data.eval or cfg.eval.tasks
@@ -102,6 +104,9 @@ RESUME_FIXED = (
     "inference.scripted.dir",
     "agent.",
     "env.action_space",
+    "env.provider",  # a replay scores by its recording, a desktop by the task's evaluator
+    "env.replay.run",
+    "env.replay.tolerance_px",
     "env.observation_type",
     "env.screen_width",
     "env.screen_height",

@@ -266,11 +266,11 @@ def coordinator(
 def run_settings(cfg: GuirlConfig) -> set[str]:
     """What the run's configuration provides to tasks that need a setting (Chrome's DevTools, Google)."""
     from guirl.vmpool.apps import atspi_missing
-    from guirl.vmpool.tasks.check import LOCAL_APPS, available_settings
+    from guirl.vmpool.tasks.check import available_settings
 
     env = cfg.env
     if env.provider == "replay":  # a recording shows whatever its desktop had: nothing is set up again
-        return available_settings(devtools=True, drive=True, account=True, atspi=True) | {LOCAL_APPS}
+        return available_settings(devtools=True, drive=True, account=True, atspi=True)
     local = env.provider == "local"
     return available_settings(
         devtools=env.chromium_port > 0,  # a local desktop's, through its server's tunnel

@@ -26,6 +26,7 @@ import msgspec
 
 from guirl import roles
 from guirl.config import GuirlConfig, make_run_dir, save_resolved
+from guirl.config.validate import check_replay_source
 from guirl.errors import InputError, RunError
 from guirl.fileio import last_json_line, write_json_atomic
 from guirl.model.checkpoints import resolve_checkpoint, resolve_prm_checkpoint
@@ -66,6 +67,7 @@ async def run_train(
     judge_ckpt = resolve_prm_checkpoint(cfg) if cfg.prm.enabled else None
     resume_from = resume_point(run_dir) if resume else None
     run_dir = run_dir or make_run_dir(cfg)
+    check_replay_source(cfg, run_dir)
     save_resolved(cfg, run_dir)
     tracker = Tracker.open(cfg.wandb, run_dir=run_dir, config=msgspec.to_builtins(cfg), job="train")
     try:

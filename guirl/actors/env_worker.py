@@ -62,6 +62,7 @@ from guirl.runtime.retry import backoff_delays, retry_idempotent
 from guirl.vmpool.client import VMClient, VMError
 from guirl.vmpool.pool import PoolError, VMPool
 from guirl.vmpool.provider import ProviderError
+from guirl.vmpool.replay import ReplayDiverged
 from guirl.vmpool.tasks.check import needs_devtools
 from guirl.vmpool.tasks.evaluate import EvaluationError, evaluate
 from guirl.vmpool.tasks.model import TaskError, parse_task
@@ -391,6 +392,7 @@ class EnvWorker(Actor):
         # a resumed run may hand out an episode id again: the PRM's verdicts on the old one are not its own
         (episode.dir / "prm.jsonl").unlink(missing_ok=True)
         env_error = ""
+        final = False  # an environment error that playing again cannot help: the task is aborted now
         traj = None
         try:
             await self._run(episode)
@@ -398,6 +400,10 @@ class EnvWorker(Actor):
                 traj = self._trajectory(episode)
         except EnvFault as exc:
             env_error = str(exc)[:500]
+        except ReplayDiverged as exc:
+            # a replay cannot score what was never recorded; another attempt could only be lucky (sampled
+            # to match the recording), which would bias the score: aborted with the reason, never retried
+            env_error, final = f"{type(exc).__name__}: {exc}"[:500], True
         except (
             VMError,
             PoolError,
@@ -427,7 +433,7 @@ class EnvWorker(Actor):
             # until the coordinator has taken the end (`_record`): a worker killed before then leaves an
             # episode that readers (behaviour cloning, metrics) must not take for completed
             "status": "unreported",
-            "reported": "retried" if env_error else "completed",
+            "reported": ("aborted" if final else "retried") if env_error else "completed",
             "outcome": episode.outcome,
             "score": episode.score,
             "steps": episode.steps,
@@ -447,7 +453,7 @@ class EnvWorker(Actor):
         write_json_atomic(episode.dir / "result.json", result)
         ended = EpisodeEnded(
             episode_id=ep.episode_id,
-            status="retried" if env_error else "completed",
+            status=("aborted" if final else "retried") if env_error else "completed",
             reason=episode.parse_error,
             reward=episode.score,
             steps=episode.steps,
@@ -778,7 +784,8 @@ class EnvWorker(Actor):
                 if ep.mode == "train":
                     episode.add_sample(step, prompt, response, parsed.action_line)
                 refused, next_shot, terminal = await self._act(client, parsed.actions, ctx)
-                self.pool.heard(lease)
+                if any(not isinstance(a, TERMINAL) for a in parsed.actions):  # the VM answered this step
+                    self.pool.heard(lease)
                 t2 = time.monotonic()
                 record.update(
                     action_line=parsed.action_line,

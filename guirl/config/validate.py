@@ -129,6 +129,12 @@ def check_replay(cfg: GuirlConfig) -> None:
         )
 
 
+def check_replay_source(cfg: GuirlConfig, run_dir: Path) -> None:
+    """A run cannot replay itself: its episodes would overwrite the screens being replayed."""
+    if cfg.env.provider == "replay" and Path(cfg.env.replay.run).resolve() == Path(run_dir).resolve():
+        raise InputError(f"env.replay.run is the run directory being written ({run_dir}): replay another run")
+
+
 def check_cloud(provider: str, cloud: object) -> None:
     """The settings a cloud provider needs (and a private `cloud.cluster_cidr`); nothing for `local` or
     `replay`."""

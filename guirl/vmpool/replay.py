@@ -27,6 +27,7 @@ import logging
 import shutil
 import sys
 import tempfile
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from guirl.agent.actions import AnyAction
+from guirl.agent.actions import TERMINAL, AnyAction
 from guirl.agent.imaging import image_size
 from guirl.vmpool.provider import ProviderError
 
@@ -148,23 +149,34 @@ def _load_episode(folder: Path, key: str, rec: Recording) -> Recorded:
     screens: list[Path] = []
     for row in steps:
         acts = row.get("actions", [])
+        if not isinstance(acts, list):
+            raise _Unusable(f"step {row['step']}: actions is not a list")
         try:  # every recorded action must be a typed action (the verdict compares against them)
-            actions += [msgspec.to_builtins(msgspec.convert(a, AnyAction)) for a in acts]
+            typed = [msgspec.convert(a, AnyAction) for a in acts]
         except (msgspec.ValidationError, TypeError) as exc:
             raise _Unusable(f"step {row['step']}: not a typed action: {exc}") from None
+        for action in typed:  # what the episode played: nothing after its terminal action
+            actions.append(msgspec.to_builtins(action))
+            if isinstance(action, TERMINAL):
+                break
         screens.append(folder / f"step_{row['step']:03d}.png")
+        if actions and actions[-1]["type"] in ("done", "fail"):
+            break
     screens.append(folder / "final.png")
-    for path in screens:
+    for path in screens:  # every screen the desktop will show: there, an image, at the run's size
         if not path.is_file():
             raise _Unusable(f"{path.name} is missing")
-    try:
-        size = image_size(screens[0].read_bytes())
-    except (OSError, ValueError) as exc:
-        raise _Unusable(f"{screens[0].name} is not an image: {exc}") from None
-    if rec.size is None:
-        rec.size = size
-    elif size != rec.size:
-        raise _Unusable(f"its screens are {size[0]}x{size[1]}, the run's {rec.size[0]}x{rec.size[1]}")
+        try:
+            with path.open("rb") as f:
+                size = image_size(f.read(1 << 16))  # the header is at the start
+        except (OSError, ValueError) as exc:
+            raise _Unusable(f"{path.name} is not an image: {exc}") from None
+        if rec.size is None:
+            rec.size = size
+        elif size != rec.size:
+            raise _Unusable(
+                f"{path.name} is {size[0]}x{size[1]}, the run's screens {rec.size[0]}x{rec.size[1]}"
+            )
     return Recorded(
         key=key,
         task_id=task_id,
@@ -226,8 +238,13 @@ class ReplayProvider:
         start_timeout_s: float = 60.0,
     ) -> None:
         self.recording = load_recording(run_dir, screen)
-        for key, why in self.recording.skipped.items():
-            log.info("replay: recorded episode %s skipped: %s", key, why)
+        if self.recording.skipped:
+            log.warning(
+                "replay: %d recorded episode(s) of %s cannot be replayed (listed in pools/*.json): %s",
+                len(self.recording.skipped),
+                run_dir,
+                _some(self.recording.skipped),
+            )
         self.step_latency_s = step_latency_s
         self.step_jitter = step_jitter
         self.tolerance_px = tolerance_px
@@ -237,6 +254,7 @@ class ReplayProvider:
         self._session: aiohttp.ClientSession | None = None
         self._start_lock = asyncio.Lock()
         self._bound: dict[str, Recorded] = {}  # vm id -> the recording it plays
+        self._tasks: set[asyncio.Task] = set()
         self.counters = {"binds": 0, "scored": 0, "diverged": 0}
 
     # -- the host process ---------------------------------------------------------------------------
@@ -247,7 +265,8 @@ class ReplayProvider:
                 return self._session
             if self._proc is not None:
                 raise ProviderError(f"the replay host exited ({self._proc.returncode})")
-            self._dir = Path(tempfile.mkdtemp(prefix="guirl-replay-"))  # short: unix socket paths are
+            # short (a unix socket's path has at most 107 bytes) and private (0700)
+            self._dir = Path(tempfile.mkdtemp(prefix="guirl-replay-"))
             command = [
                 sys.executable,
                 "-m",
@@ -272,9 +291,14 @@ class ReplayProvider:
                 ready = json.loads(line) if line else {}
             except (TimeoutError, ValueError):
                 ready = {}
-            if not isinstance(ready, dict) or not ready.get("ready"):
+            except BaseException:  # cancelled: no half-started host left behind
                 await self._stop_host()
-                raise ProviderError(f"the replay host did not start within {self.start_timeout_s:.0f} s")
+                raise
+            if not isinstance(ready, dict) or not ready.get("ready"):
+                code = self._proc.returncode
+                await self._stop_host()
+                why = f"exited with status {code}" if code is not None else "did not start"
+                raise ProviderError(f"the replay host {why} within {self.start_timeout_s:.0f} s")
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.UnixConnector(path=str(self._dir / "admin.sock")),
                 timeout=aiohttp.ClientTimeout(total=30),
@@ -321,7 +345,7 @@ class ReplayProvider:
     def address(self, vm_id: str) -> str:
         if self._dir is None:
             raise ProviderError("the replay host is not running")
-        return f"unix://{self._dir / (vm_id + '.sock')}"
+        return f"unix://{self._dir / 'd' / (vm_id + '.sock')}"
 
     async def reset(self, vm_id: str) -> None:
         self._bound.pop(vm_id, None)
@@ -337,7 +361,7 @@ class ReplayProvider:
     async def list(self, tag: str) -> list[str]:
         if self._proc is None:
             return []
-        return list((await self._admin("GET", f"/desktops?tag={tag}"))["ids"])
+        return list((await self._admin("GET", "/desktops?" + urllib.parse.urlencode({"tag": tag})))["ids"])
 
     async def close(self) -> None:
         """Stop the host (and with it every desktop)."""
@@ -349,7 +373,14 @@ class ReplayProvider:
     def kill(self, vm_id: str) -> None:
         """Fault injection: the desktop stops answering (its socket is closed), as a dead VM."""
         if self._proc is not None and self._proc.returncode is None:
-            asyncio.get_running_loop().create_task(self._admin("POST", f"/desktops/{vm_id}/kill"))
+            task = asyncio.get_running_loop().create_task(self._admin("POST", f"/desktops/{vm_id}/kill"))
+            self._tasks.add(task)
+            task.add_done_callback(self._killed)
+
+    def _killed(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("replay: killing a desktop failed: %s", task.exception())
 
     # -- what a replayed desktop adds ---------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
     python -m guirl.vmpool.replay_host --recording RUN_DIR --dir DIR [--step-latency S]
 
-Each desktop listens on `DIR/<id>.sock` and answers guirl's VM protocol from the recorded episode it is
+Each desktop listens on `DIR/d/<id>.sock` and answers guirl's VM protocol from the recorded episode it is
 bound to (see `replay.py`): `/screenshot` is the current recorded screen; `/action` takes a typed action
 (refused as the real server refuses: bad JSON 400, a point off the screen 422); the first screen asked
 for after actions (in `/action`'s reply or by `/screenshot`) is the next recorded one, given after
@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
 import random
 import re
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -37,6 +39,8 @@ from guirl.vmpool.replay import POINT_FIELDS, Recorded, load_recording
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BODY = 1 << 20
+CACHE_BYTES = 512 << 20
+"""Recorded screens kept in memory at most (the most recently shown)."""
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -44,22 +48,28 @@ def _error(status: int, message: str) -> web.Response:
 
 
 class Screens:
-    """Recorded screens read once and shared by every desktop that shows them (one file's links once)."""
+    """Recorded screens shared by every desktop that shows them (a file's links read once), the most recently
+    shown kept in memory up to `max_bytes` (a recording may be far larger than what is shown at once)."""
 
-    def __init__(self) -> None:
-        self._bytes: dict[Path, bytes] = {}
-        self._files: dict[tuple[int, int], bytes] = {}
-        self.loaded_bytes = 0
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._files: collections.OrderedDict[tuple[int, int], bytes] = collections.OrderedDict()
+        self.cached_bytes = 0
+        self.reads = 0
 
     def get(self, path: Path) -> bytes:
-        data = self._bytes.get(path)
-        if data is None:
-            st = path.stat()
-            data = self._files.get((st.st_dev, st.st_ino))
-            if data is None:
-                data = self._files[(st.st_dev, st.st_ino)] = path.read_bytes()
-                self.loaded_bytes += len(data)
-            self._bytes[path] = data
+        st = path.stat()
+        key = (st.st_dev, st.st_ino)
+        data = self._files.get(key)
+        if data is not None:
+            self._files.move_to_end(key)
+            return data
+        data = self._files[key] = path.read_bytes()
+        self.cached_bytes += len(data)
+        self.reads += 1
+        while self.cached_bytes > self.max_bytes and len(self._files) > 1:
+            _, old = self._files.popitem(last=False)
+            self.cached_bytes -= len(old)
         return data
 
 
@@ -71,21 +81,25 @@ class Desktop:
         self.recorded = recorded
         self.position = 0  # index into recorded.screens
         self.pending = False  # actions were taken since the screen was last shown
+        self.generation = 0  # bumped at every restart: a step still sleeping then does not move the new one
         self.runner: web.AppRunner | None = None
 
     def restart(self, recorded: Recorded | None = None) -> None:
         self.recorded = recorded or self.recorded
         self.position, self.pending = 0, False
+        self.generation += 1
 
     async def screen(self) -> bytes:
         """The screen now; the next recorded one (after the step latency) once actions were taken."""
         if self.pending:
             self.pending = False
+            generation = self.generation
             if self.host.step_latency_s > 0:
                 jitter = self.host.step_jitter * self.host.rng.uniform(-1, 1)
                 await asyncio.sleep(self.host.step_latency_s * (1 + jitter))
-            self.position = min(self.position + 1, len(self.recorded.screens) - 1)
-            self.host.steps += 1
+            if generation == self.generation:  # not restarted (reset, bound anew) meanwhile
+                self.position = min(self.position + 1, len(self.recorded.screens) - 1)
+                self.host.steps += 1
         return self.host.screens.get(self.recorded.screens[self.position])
 
     def app(self) -> web.Application:
@@ -122,14 +136,15 @@ class Desktop:
             act = msgspec.json.decode(await request.read(), type=AnyAction)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return _action_reply(False, f"bad action: {exc}", None, status=400)
+        # an action taken, even one refused: the recorded run took the next screen after it too
+        self.pending = True
+        self.host.actions += 1
         w, h = self.host.size
         fields = msgspec.to_builtins(act)
         for name in POINT_FIELDS:  # the real server refuses a point off its screen, and so does this one
             value = fields.get(name)
             if isinstance(value, int) and value >= (w if name in ("x", "to_x") else h):
                 return _action_reply(False, f"({name}={value}) is off the {w}x{h} screen", None, status=422)
-        self.pending = True
-        self.host.actions += 1
         want_shot = request.query.get("screenshot", "1") != "0"
         return _action_reply(True, "", await self.screen() if want_shot else None)
 
@@ -189,7 +204,12 @@ class ReplayHost:
         return data
 
     def _desktop(self, request: web.Request) -> Desktop:
-        desktop = self.desktops.get(request.match_info["id"])
+        vm_id = request.match_info["id"]
+        if not _ID.fullmatch(vm_id):
+            raise web.HTTPBadRequest(
+                text=json.dumps({"error": "a desktop id is 1-64 letters, digits, - or _"})
+            )
+        desktop = self.desktops.get(vm_id)
         if desktop is None:
             raise web.HTTPNotFound(text=json.dumps({"error": f"no desktop {request.match_info['id']!r}"}))
         return desktop
@@ -204,7 +224,11 @@ class ReplayHost:
         desktop = Desktop(self, vm_id, tag, self._default)
         runner = web.AppRunner(desktop.app(), handle_signals=False, access_log=None)
         await runner.setup()
-        await web.UnixSite(runner, str(self.sock_dir / f"{vm_id}.sock")).start()
+        try:
+            await web.UnixSite(runner, str(self.sock_dir / "d" / f"{vm_id}.sock")).start()
+        except OSError as exc:
+            await runner.cleanup()
+            return _error(500, f"cannot listen for desktop {vm_id}: {exc}")
         desktop.runner = runner
         self.desktops[vm_id] = desktop
         return web.json_response({"id": vm_id})
@@ -234,11 +258,12 @@ class ReplayHost:
         return web.json_response({})
 
     async def delete(self, request: web.Request) -> web.Response:
-        desktop = self.desktops.pop(request.match_info["id"], None)
-        if desktop is not None and desktop.runner is not None:
+        desktop = self._desktop(request)
+        del self.desktops[desktop.vm_id]
+        if desktop.runner is not None:
             await desktop.runner.cleanup()
         with contextlib.suppress(OSError):
-            (self.sock_dir / f"{request.match_info['id']}.sock").unlink()
+            (self.sock_dir / "d" / f"{desktop.vm_id}.sock").unlink()
         return web.json_response({})
 
     async def stats(self, _request: web.Request) -> web.Response:
@@ -248,7 +273,8 @@ class ReplayHost:
                 "desktops": len(self.desktops),
                 "steps": self.steps,
                 "actions": self.actions,
-                "screen_bytes": self.screens.loaded_bytes,
+                "screen_bytes": self.screens.cached_bytes,
+                "screen_reads": self.screens.reads,
                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
                 "max_rss_kb": usage.ru_maxrss,
             }
@@ -263,6 +289,7 @@ class ReplayHost:
 
 async def _serve(args: argparse.Namespace) -> int:
     sock_dir = Path(args.dir)
+    (sock_dir / "d").mkdir(mode=0o700, exist_ok=True)  # the desktops' sockets, apart from the admin's
     size = (args.width, args.height) if args.width and args.height else None
     host = ReplayHost(args.recording, sock_dir, args.step_latency, size, args.step_jitter)
     admin = web.AppRunner(host.admin_app(), handle_signals=False, access_log=None)
@@ -285,6 +312,7 @@ async def _serve(args: argparse.Namespace) -> int:
     await stop.wait()
     await host.close()
     await admin.cleanup()
+    shutil.rmtree(sock_dir, ignore_errors=True)  # the provider's process may be gone: nobody else will
     return 0
 
 

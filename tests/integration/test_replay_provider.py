@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,29 +57,36 @@ def _screens(root: Path, task: str) -> list[bytes]:
 
 
 def test_what_can_be_replayed_and_what_is_listed_as_skipped(tmp_path):
-    write_recording(tmp_path, tasks=6, steps=3, size=SIZE)
-    eps = {t: _episode(tmp_path, f"replayed-{t:04d}") for t in range(6)}
+    write_recording(tmp_path, tasks=7, steps=3, size=SIZE)
+    eps = {t: _episode(tmp_path, f"replayed-{t:04d}") for t in range(7)}
+    other = write_recording(tmp_path / "big", tasks=1, steps=2, size=(640, 400))
     result = json.loads((eps[0] / "result.json").read_text())
     (eps[0] / "result.json").write_text(json.dumps({**result, "status": "retried", "env_error": "VM died"}))
     (eps[1] / "step_001.png").unlink()
     (eps[2] / "traj.jsonl").write_text('{"step": 0, "actions": [{"type": "rm -rf /"}]}\n')
     (eps[3] / "result.json").write_text("[1, 2")
-    other = write_recording(tmp_path / "big", tasks=1, steps=2, size=(640, 400))
-    big = next((tmp_path / "big" / "episodes" / other["tasks"][0]).iterdir())
-    wrong = tmp_path / "episodes" / "replayed-0004" / "wrong-size"
-    os.rename(big, wrong)
-    result = json.loads((wrong / "result.json").read_text())
+    # replayable; what it played ends at its DONE (a parsed action after it was never taken)
+    rows = [json.loads(x) for x in (eps[4] / "traj.jsonl").read_text().splitlines()]
+    rows[-1]["actions"].append({"type": "click", "x": 1, "y": 1})
+    (eps[4] / "traj.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wrong = tmp_path / "episodes" / "replayed-0004" / "wrong-size"  # another episode of the task
+    os.rename(next((tmp_path / "big" / "episodes" / other["tasks"][0]).iterdir()), wrong)
     (wrong / "result.json").write_text(json.dumps({**result, "task_id": "replayed-0004"}))
     (eps[5] / "result.json").write_text(json.dumps({**result, "task_id": "replayed-0003"}))
+    (eps[6] / "step_002.png").unlink()  # a link to a shared screen: replaced, not written through
+    shutil.copyfile(tmp_path / "big" / "screens" / "0.png", eps[6] / "step_002.png")
     rec = load_recording(tmp_path, SIZE)
     assert sorted(rec.tasks()) == ["replayed-0004"] and len(rec.by_key) == 1
+    assert rec.choose("replayed-0004", 0).actions[-1] == {"type": "done"}
     why = {k.split("/")[0] + ("/wrong" if "wrong" in k else ""): v for k, v in rec.skipped.items()}
     assert "not a completed episode" in why["replayed-0000"]
     assert "step_001.png is missing" in why["replayed-0001"]
     assert "not a typed action" in why["replayed-0002"]
     assert "result.json unreadable" in why["replayed-0003"]
-    assert "its screens are 640x400" in why["replayed-0004/wrong"]
+    assert "step_000.png is 640x400" in why["replayed-0004/wrong"]
     assert "its task_id 'replayed-0003'" in why["replayed-0005"]  # another task's episode
+    assert "step_002.png is 640x400" in why["replayed-0006"]  # a later screen checked too
+    assert len(rec.skipped) == 7
     with pytest.raises(ProviderError, match="not a run directory"):
         load_recording(tmp_path / "nowhere")
     with pytest.raises(ProviderError, match="no replayable episode"):
@@ -125,11 +133,14 @@ def test_pool_lifecycle_on_replayed_desktops(recording):
                 await client.act(TypeText(text="b"), screenshot=False)
                 assert await client.screenshot() == screens[2]
                 assert await client.screenshot() == screens[2]  # no action since: the same screen
+                # refused (off the screen, as the real server says), yet a step taken: the recorded run took
+                # the next screen after it too
+                refused = await client.act(Click(x=SIZE[0], y=5))
+                assert not refused.ok and "off the 320x200 screen" in refused.error
+                assert await client.screenshot() == screens[3]
                 for _ in range(5):  # past the recording's end: its final screen
                     shot = (await client.act(Click(x=1, y=1))).screenshot
                 assert shot == screens[-1]
-                refused = await client.act(Click(x=SIZE[0], y=5))  # off the screen, as the real server says
-                assert not refused.ok and "off the 320x200 screen" in refused.error
                 with pytest.raises(VMTransientError, match="501"):
                     await client.execute(["ls"])  # no programs
             async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=lease.address[7:])) as s:
@@ -150,8 +161,12 @@ def test_pool_lifecycle_on_replayed_desktops(recording):
             assert pool.metrics()["expired"] == 1
             # a desktop that dies mid-lease: its lease is broken and it is replaced
             dying = await pool.acquire(timeout=10)
+            beating = asyncio.create_task(
+                _beat(pool, dying.lease_id)
+            )  # its holder is alive: only the VM dies
             provider.kill(dying.vm_id)
             await asyncio.wait_for(_until(lambda: dying.broken != "", pool), 10)
+            beating.cancel()
             assert dying.broken == "the VM stopped answering" and pool.metrics()["replaced"] == 1
             m = pool.metrics()
             assert m["busy"] + m["idle"] + m["resetting"] + m["starting"] <= m["max_envs"]

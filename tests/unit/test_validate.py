@@ -184,3 +184,34 @@ def test_a_misspelt_key_gets_a_suggestion():
         _load("train.lrr=1")
     with pytest.raises(ConfigError, match=r"unknown key 'trian' .*did you mean 'train'\?"):
         _load("trian.lr=1")
+
+
+def test_replayed_desktops_need_a_recording_and_typed_actions(tmp_path):
+    with pytest.raises(InputError, match="needs env.replay.run"):
+        _load("env.provider=replay", "env.action_space=computer_use", mode="eval")
+    with pytest.raises(InputError, match="not a run directory"):
+        _load(
+            "env.provider=replay", f"env.replay.run={tmp_path}", "env.action_space=computer_use", mode="eval"
+        )
+    (tmp_path / "episodes").mkdir()
+    with pytest.raises(InputError, match='set env.action_space = "computer_use"'):
+        _load("env.provider=replay", f"env.replay.run={tmp_path}", "env.action_space=pyautogui", mode="eval")
+    cfg = _load(
+        "env.provider=replay", f"env.replay.run={tmp_path}", "env.action_space=computer_use", mode="eval"
+    )
+    from guirl.config.validate import check_replay_source
+
+    check_replay_source(cfg, tmp_path / "another-run")
+    with pytest.raises(InputError, match="run directory being written"):
+        check_replay_source(cfg, tmp_path)  # a resumed run replaying itself
+
+
+def test_replayed_desktops_need_no_application_installed_here(tmp_path):
+    """A recording shows whatever its desktop had (a cloud VM's applications too): a task's applications are
+    not looked for on this host, as they are for local desktops."""
+    from guirl.roles import run_settings
+    from guirl.vmpool.tasks.check import LOCAL_APPS
+
+    (tmp_path / "episodes").mkdir()
+    replay = _load("env.provider=replay", f"env.replay.run={tmp_path}", "env.action_space=computer_use")
+    assert LOCAL_APPS not in run_settings(replay) and LOCAL_APPS in run_settings(_load())
