@@ -33,7 +33,14 @@ import msgspec
 from guirl.agent.actions import TERMINAL, AnyAction, Fail
 from guirl.agent.gui_r1_desktop import build_gui_r1_prompt, parse_gui_r1
 from guirl.agent.parse import ParseError, parse_response
-from guirl.agent.prompt import PromptConfig, PromptTooLong, StepRecord, build_prompt, gui_rl_step
+from guirl.agent.prompt import (
+    PromptConfig,
+    PromptTooLong,
+    StepRecord,
+    build_prompt,
+    gui_rl_step,
+    keep_resized,
+)
 from guirl.config.schema import AgentConfig, CloudConfig, EnvConfig
 from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
@@ -808,7 +815,9 @@ class EnvWorker(Actor):
                     break
                 screenshot = next_shot or await client.screenshot()
                 self._transition(episode, instruction, step, before, response.text, screenshot)
-                episode.history.append(self._past_step(before, response, parsed.action_line))
+                past = self._past_step(before, response, parsed.action_line)
+                keep_resized(past, prompt)  # the screen as this prompt resized it, for the next prompts
+                episode.history.append(past)
             else:
                 episode.outcome = "truncated"  # evaluated as it stands; no FAIL is sent for it
             final = await client.screenshot()

@@ -77,5 +77,7 @@ def resize_image(data: bytes, width: int, height: int) -> bytes:
         # Bicubic as Qwen's processor resizes; RGB because the encoder takes three channels anyway.
         out = img.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
     buf = io.BytesIO()
-    out.save(buf, format="PNG")
+    # the same pixels whatever the level; level 1 encodes a 1920x1088 screen in about half the time of the
+    # default 6, for PNGs about 10 % larger
+    out.save(buf, format="PNG", compress_level=1)
     return buf.getvalue()

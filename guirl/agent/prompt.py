@@ -305,6 +305,12 @@ def _step_image(step: StepRecord, size: tuple[int, int]) -> bytes:
     return step._resized[1]
 
 
+def keep_resized(step: StepRecord, prompt: Prompt) -> None:
+    """`step` showed `prompt`'s current screen: keep that screen as the prompt resized it, so that as history
+    it is not decoded, resized and encoded again (at 1920x1080 that is most of an env worker's CPU)."""
+    step._resized = (prompt.image_sizes[-1], prompt.images[-1])
+
+
 def build_prompt(
     instruction: str,
     history: list[StepRecord],

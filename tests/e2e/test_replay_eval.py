@@ -3,8 +3,8 @@
 First a real run: the scripted backend plays the reference solutions of the shipped terminal tasks on real
 local desktops, scored by their evaluators. Then `guirl eval` again on desktops replaying that run, with a
 policy that takes the recorded actions on two tasks and other actions on the third: the two are scored by
-the recording (the same scores, the recorded screens shown), the third leaves the recording and ends as
-environment errors, retried and then aborted with the reason — never scored as a policy failure — and the
+the recording (the same scores, the recorded screens shown), the third leaves the recording and ends as an
+environment error, aborted at once with the reason — never scored as a policy failure — and the
 tasks with no recording (text_editor's) are listed as skipped, never played.
 """
 
@@ -43,16 +43,17 @@ def test_a_recorded_run_re_driven_on_replayed_desktops(tmp_path):
         "--skip-unsupported",
         *("--set", f"inference.scripted.dir={scripts}"),
         *("--set", "env.provider=replay", "--set", f"env.replay.run={recorded_dir}"),
-        *("--set", "env.action_space=computer_use", "--set", "eval.max_attempts=2"),
+        *("--set", "env.action_space=computer_use"),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     results = {r["task_id"]: r for r in replayed["results"]}
     assert results["terminal-rename"]["score"] == 1.0
     assert results["terminal-infeasible-photoshop"]["score"] == 1.0  # FAIL, as recorded
     hello = results["terminal-echo-hello"]
-    assert hello["status"] == "aborted" and hello["score"] is None and len(hello["env_errors"]) == 2
-    assert all("left recording terminal-echo-hello/" in e for e in hello["env_errors"]), hello
-    assert replayed["env_errors"] == 2 and replayed["aborted"] == 1
+    # aborted at once: another attempt could only match the recording by luck
+    assert hello["status"] == "aborted" and hello["score"] is None and len(hello["env_errors"]) == 1
+    assert "left recording terminal-echo-hello/" in hello["env_errors"][0], hello
+    assert replayed["env_errors"] == 1 and replayed["aborted"] == 1
     assert replayed["skipped"] == [
         {"task_id": t, "domain": "text_editor", "missing": ["recording"]}
         for t in ("editor-append-line", "editor-delete-line")
@@ -70,4 +71,4 @@ def test_a_recorded_run_re_driven_on_replayed_desktops(tmp_path):
             name = f"step_{step:03d}.png"
             assert (mine / name).read_bytes() == (source / name).read_bytes()
     pools = [json.loads(p.read_text()) for p in run_dir.glob("pools/*.json")]
-    assert sum(p["replay"]["scored"] for p in pools) == 2 and sum(p["replay"]["diverged"] for p in pools) == 2
+    assert sum(p["replay"]["scored"] for p in pools) == 2 and sum(p["replay"]["diverged"] for p in pools) == 1

@@ -19,6 +19,7 @@ from guirl.agent.prompt import (
     build_prompt,
     gui_rl_action_line,
     gui_rl_step,
+    keep_resized,
     system_prompt,
 )
 from guirl.config.schema import AgentConfig
@@ -323,3 +324,25 @@ def test_prompt_style_from_config():
     assert cfg == PromptConfig(style="gui-rl")
     with pytest.raises(ValueError):
         system_prompt(1, 1, "relative", "gui_rl")  # type: ignore[arg-type]
+
+
+def test_a_screen_resized_for_its_prompt_is_not_resized_again_as_history(monkeypatch):
+    """The env worker keeps each step's screen as its prompt resized it (`keep_resized`): the next prompts
+    show the same pixels without decoding, resizing and encoding it again."""
+    import guirl.agent.prompt as prompt_module
+
+    cfg = PromptConfig.from_config(AgentConfig(history_images=2))
+    first = build_prompt("Do it.", [], _png(40), screen=SCREEN, cfg=cfg)
+    past = StepRecord(screenshot=_png(40), response="Action: x", action_line="x")
+    fresh = build_prompt("Do it.", [StepRecord(_png(40), "Action: x", "x")], _png(80), screen=SCREEN, cfg=cfg)
+    keep_resized(past, first)
+    calls = []
+    real = prompt_module.resize_image
+    monkeypatch.setattr(prompt_module, "resize_image", lambda *a: calls.append(a) or real(*a))
+    second = build_prompt("Do it.", [past], _png(80), screen=SCREEN, cfg=cfg)
+    assert len(calls) == 1  # the current screen only
+    assert second.images[0] == first.images[-1] and second.image_sizes[0] == RESIZED
+    assert (
+        Image.open(io.BytesIO(second.images[0])).tobytes()
+        == Image.open(io.BytesIO(fresh.images[0])).tobytes()
+    )
