@@ -111,8 +111,15 @@ class ChatRenderer:
             conversation, tools=tools or None, add_generation_prompt=True, tokenize=False
         )
 
-    def render(self, messages: list[ChatMessage], images: list[bytes]) -> RenderedPrompt:
-        """Token ids and pixel tensors of a chat prompt; `ImagePart(index=i)` refers to `images[i]`."""
+    def render(
+        self, messages: list[ChatMessage], images: list[bytes], *, pixels: bool = True
+    ) -> RenderedPrompt:
+        """Token ids and pixel tensors of a chat prompt; `ImagePart(index=i)` refers to `images[i]`.
+
+        `pixels=False`: the ids only (`pixel_values` and `image_grid_thw` None), each image's token count
+        from its size as its header gives it and the image processor's own `get_number_of_image_patches`
+        (the count its processing would give, without decoding a pixel): what a server that processes the
+        images itself (SGLang) needs, at a small fraction of the CPU."""
         if not messages:
             raise ValueError("a chat prompt needs at least one message")
         order = [p.index for m in messages for p in m.parts if isinstance(p, ImagePart)]
@@ -125,8 +132,12 @@ class ChatRenderer:
                 f"the rendered prompt has {ids.count(self.image_token_id)} <|image_pad|> tokens for "
                 f"{len(order)} image parts (a text part contains the literal token?)"
             )
-        pixel_values, grid = self._pixels([images[i] for i in order], order)
-        counts = self._token_counts(grid)
+        if pixels:
+            pixel_values, grid = self._pixels([images[i] for i in order], order)
+            counts = self._token_counts(grid)
+        else:
+            pixel_values, grid = None, None
+            counts = [self._header_tokens(images[i], i) for i in order]
         expanded: list[int] = []
         k = 0
         for tok in ids:
@@ -137,24 +148,31 @@ class ChatRenderer:
                 expanded.append(tok)
         return RenderedPrompt(expanded, pixel_values, grid, self._types(expanded))
 
-    def render_ids(self, prompt_ids: list[int], images: list[bytes]) -> RenderedPrompt:
+    def render_ids(
+        self, prompt_ids: list[int], images: list[bytes], *, pixels: bool = True
+    ) -> RenderedPrompt:
         """Pixel tensors for exact prompt ids (token-in requests). The ids must already be expanded, as
         `render` returns them: each run of `<|image_pad|>` tokens belongs to the next image, in order, and
-        must be as long as that image's token count; ValueError otherwise."""
+        must be as long as that image's token count; ValueError otherwise. `pixels=False`: checked from
+        the images' headers only (see `render`)."""
         runs = _runs(prompt_ids, self.image_token_id)
         if len(runs) != len(images):
             raise ValueError(
                 f"prompt_ids hold {len(runs)} runs of <|image_pad|> tokens but the request has "
                 f"{len(images)} images"
             )
-        pixel_values, grid = self._pixels(images, list(range(len(images))))
-        counts = self._token_counts(grid)
+        if pixels:
+            pixel_values, grid = self._pixels(images, list(range(len(images))))
+            counts = self._token_counts(grid)
+        else:
+            pixel_values, grid = None, None
+            counts = [self._header_tokens(b, i) for i, b in enumerate(images)]
         for i, (run, want) in enumerate(zip(runs, counts)):
             if run != want:
+                shape = f"grid {grid[i].tolist()}" if grid is not None else "from its size"
                 raise ValueError(
                     f"image {i}: prompt_ids hold {run} <|image_pad|> tokens, the image needs {want} "
-                    f"(grid {grid[i].tolist()}, merge {self.merge_size}); render the prompt with the same "
-                    "image processor"
+                    f"({shape}, merge {self.merge_size}); render the prompt with the same image processor"
                 )
         ids = list(prompt_ids)
         return RenderedPrompt(ids, pixel_values, grid, self._types(ids))
@@ -181,6 +199,22 @@ class ChatRenderer:
         except ValueError as exc:  # e.g. an aspect ratio over 200
             raise ValueError(f"image processing failed: {exc}") from exc
         return out["pixel_values"], out["image_grid_thw"]
+
+    def _header_tokens(self, data: bytes, index: int) -> int:
+        """`<|image_pad|>` tokens of an encoded image, from its header's size and the processor's own
+        arithmetic (no pixel decoded)."""
+        from PIL import Image as PILImage
+
+        try:
+            with PILImage.open(io.BytesIO(data)) as img:
+                width, height = img.size
+        except (PILImage.DecompressionBombError, OSError, ValueError, SyntaxError) as exc:
+            raise ValueError(f"image {index} ({len(data)} bytes) is not an image: {exc}") from exc
+        try:
+            patches = int(self.image_processor.get_number_of_image_patches(height, width, {}))
+        except ValueError as exc:  # e.g. an aspect ratio over 200
+            raise ValueError(f"image processing failed: {exc}") from exc
+        return patches // self.merge_size**2
 
     def _token_counts(self, grid: torch.Tensor | None) -> list[int]:
         if grid is None:

@@ -225,8 +225,9 @@ def render_request(renderer: Any, req: GenRequest) -> tuple[list[int], list[byte
         bad = next((t for t in req.prompt_ids if type(t) is not int or not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"prompt_ids hold {bad!r}, not a token id of this model (0..{vocab - 1})")
-        rendered = renderer.render_ids(list(req.prompt_ids), req.images)
+        rendered = renderer.render_ids(list(req.prompt_ids), req.images, pixels=False)
         return list(rendered.input_ids), list(req.images)
-    rendered = renderer.render(req.messages, req.images)
+    # SGLang processes the images itself: the ids need only each image's token count, from its size
+    rendered = renderer.render(req.messages, req.images, pixels=False)
     order = [p.index for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
     return list(rendered.input_ids), [req.images[i] for i in order]

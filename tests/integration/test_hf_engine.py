@@ -358,3 +358,27 @@ def test_tool_schemas_reach_the_chat_template(ckpt: Path, renderer: ChatRenderer
     assert [r.finish_reason for r in aborted] == ["abort"] * 3
     assert "only a first, system message" in aborted[0].error and "not a JSON object" in aborted[1].error
     assert plain.finish_reason != "abort" and plain.prompt_ids != prompt
+
+
+def test_ids_without_pixels_are_the_ids_with_them(renderer: ChatRenderer) -> None:
+    """The `sglang` engine renders ids only (SGLang processes the images itself): each image's token count
+    from its header and the image processor's own arithmetic must be what processing its pixels gives, for
+    sizes the processor keeps and sizes it resizes (up, down, an odd aspect), and for token-in requests."""
+    from guirl.messages.types import ChatMessage, ImagePart, TextPart
+
+    sizes = [(1920, 1088), (1920, 1080), (1280, 800), (640, 400), (96, 64), (33, 1000), (3000, 40)]
+    images = [png(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
+    messages = [
+        ChatMessage(role="system", parts=[TextPart("You are a GUI agent.")]),
+        ChatMessage(role="user", parts=[*(ImagePart(i) for i in range(len(images))), TextPart("Go.")]),
+    ]
+    full = renderer.render(messages, images)
+    ids = renderer.render(messages, images, pixels=False)
+    assert ids.input_ids == full.input_ids and ids.pixel_values is None
+    assert renderer.render_ids(full.input_ids, images, pixels=False).input_ids == full.input_ids
+    short = list(full.input_ids)
+    short.remove(renderer.image_token_id)  # one image's run a token short
+    with pytest.raises(ValueError, match="image 0: prompt_ids hold"):
+        renderer.render_ids(short, images, pixels=False)
+    with pytest.raises(ValueError, match="image 1 .* is not an image"):
+        renderer.render(messages, [images[0], b"not a png", *images[2:]], pixels=False)
