@@ -22,7 +22,7 @@ so desktops do not step in lockstep. Episodes are 0.5-1.5x `--steps` long. Measu
 middle 60 % of the run's stepping (start-up, the first wave of episodes all starting together, and the
 tail where desktops run out of episodes left out):
 
-- env steps/s (steps acted in the window over its length) and its fraction of the ideal;
+- env steps/s (every step in the window, terminal ones too, over its length) and its fraction of the ideal;
 - the latency guirl adds per step, p50/p99: from the screen's arrival at the env worker to the policy's
   answer there (traj.jsonl's `infer_s`: the prompt built, the ZeroMQ hops, the broker's queue and routing),
   minus the engine's own time (`engine_s`);
@@ -36,7 +36,7 @@ Targets (the issue's): at 1,024 desktops with a 5 s period, >= 90 % of the ideal
 guirl's added latency <= 20 ms at p99. Prints a table, then one line of JSON.
 
     python bench/control_plane.py [--points 64,256,1024] [--period 5] [--engine-s 1] [--steps 10]
-        [--episodes 2] [--vms-per-worker 128] [--screen 1920x1080] [--keep] [--set KEY=VALUE ...]
+        [--episodes 4] [--vms-per-worker 128] [--screen 1920x1080] [--keep] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations

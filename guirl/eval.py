@@ -188,13 +188,15 @@ def _changed_settings(cfg: GuirlConfig, saved: Path) -> list[str]:
     was.update({k: v for k, v in _BEFORE_THEIR_KEY.items() if k not in written})
     now = _flat(msgspec.to_builtins(cfg))
     fixed = [k for k in now if any(k == f or (f.endswith(".") and k.startswith(f)) for f in RESUME_FIXED)]
-    # a backend's own settings count where that backend plays (a change of backend is said by itself), and
-    # the local desktops' where the desktops are local (a cloud VM runs OSWorld's image whatever they say)
+    # a backend's own settings count where that backend plays (a change of backend is said by itself), the
+    # local desktops' where the desktops are local (a cloud VM runs OSWorld's image whatever they say), and
+    # the replay's where the desktops are replayed
     fixed = [
         k
         for k in fixed
         if (not k.startswith("inference.") or k.split(".")[1] in ("backend", cfg.inference.backend))
         and (k not in _LOCAL_ONLY or cfg.env.provider == "local")
+        and (not k.startswith("env.replay.") or cfg.env.provider == "replay")
     ]
     return [f"{k}: was {was[k]!r}, now {now[k]!r}" for k in fixed if k in was and was[k] != now[k]]
 

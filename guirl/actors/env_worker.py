@@ -816,7 +816,8 @@ class EnvWorker(Actor):
                 screenshot = next_shot or await client.screenshot()
                 self._transition(episode, instruction, step, before, response.text, screenshot)
                 past = self._past_step(before, response, parsed.action_line)
-                keep_resized(past, prompt)  # the screen as this prompt resized it, for the next prompts
+                if self.prompt_cfg.history_images > 0:  # the screen as this prompt resized it, for the next
+                    keep_resized(past, prompt)
                 episode.history.append(past)
             else:
                 episode.outcome = "truncated"  # evaluated as it stands; no FAIL is sent for it

@@ -269,6 +269,7 @@ PATH_KEYS = (
     "eval.examples_dir",
     "train.tasks",
     "inference.scripted.dir",
+    "env.replay.run",
     "data.train",
     "data.eval",
     "sft.data",

@@ -46,6 +46,10 @@ class RenderedPrompt:
         return 0 if self.image_grid_thw is None else int(self.image_grid_thw.shape[0])
 
 
+PNG_END = b"IEND\xaeB`\x82"
+"""The last 8 bytes of every whole PNG (its IEND chunk's type and CRC)."""
+
+
 def decode_image(data: bytes, index: int = 0) -> Any:
     """An RGB PIL image from encoded bytes; ValueError naming the image when they are not one."""
     from PIL import Image, UnidentifiedImageError
@@ -207,9 +211,15 @@ class ChatRenderer:
 
         try:
             with PILImage.open(io.BytesIO(data)) as img:
-                width, height = img.size
+                width, height, fmt = *img.size, img.format
         except (PILImage.DecompressionBombError, OSError, ValueError, SyntaxError) as exc:
             raise ValueError(f"image {index} ({len(data)} bytes) is not an image: {exc}") from exc
+        # a truncated image has a whole header: refused here, as decoding it would, not by the server
+        complete = {"PNG": data.endswith(PNG_END), "JPEG": data.rstrip(b"\0").endswith(b"\xff\xd9")}
+        if not complete.get(fmt, False):  # cut short, or a format whose end is not checked: decode it
+            if fmt in complete:
+                raise ValueError(f"image {index} ({len(data)} bytes) is a truncated {fmt}")
+            decode_image(data, index)
         try:
             patches = int(self.image_processor.get_number_of_image_patches(height, width, {}))
         except ValueError as exc:  # e.g. an aspect ratio over 200

@@ -35,9 +35,9 @@ from typing import Any
 
 import aiohttp
 import msgspec
+from PIL import Image as PILImage
 
 from guirl.agent.actions import TERMINAL, AnyAction
-from guirl.agent.imaging import image_size
 from guirl.vmpool.provider import ProviderError
 
 log = logging.getLogger(__name__)
@@ -167,9 +167,9 @@ def _load_episode(folder: Path, key: str, rec: Recording) -> Recorded:
         if not path.is_file():
             raise _Unusable(f"{path.name} is missing")
         try:
-            with path.open("rb") as f:
-                size = image_size(f.read(1 << 16))  # the header is at the start
-        except (OSError, ValueError) as exc:
+            with PILImage.open(path) as img:  # the header only
+                size = img.size
+        except (PILImage.DecompressionBombError, OSError, ValueError, SyntaxError) as exc:
             raise _Unusable(f"{path.name} is not an image: {exc}") from None
         if rec.size is None:
             rec.size = size

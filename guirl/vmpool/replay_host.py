@@ -23,7 +23,6 @@ import os
 import random
 import re
 import resource
-import shutil
 import signal
 import sys
 import time
@@ -312,7 +311,16 @@ async def _serve(args: argparse.Namespace) -> int:
     await stop.wait()
     await host.close()
     await admin.cleanup()
-    shutil.rmtree(sock_dir, ignore_errors=True)  # the provider's process may be gone: nobody else will
+    # what this host made, and the directory if that leaves it empty (the provider's process may be gone:
+    # nobody else will); never anything else a hand-given --dir holds
+    for sock in (sock_dir / "d").glob("*.sock"):
+        sock.unlink(missing_ok=True)
+    for made in (sock_dir / "d", sock_dir):
+        with contextlib.suppress(OSError):
+            made.rmdir()
+    (sock_dir / "admin.sock").unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        sock_dir.rmdir()
     return 0
 
 

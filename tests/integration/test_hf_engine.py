@@ -382,3 +382,9 @@ def test_ids_without_pixels_are_the_ids_with_them(renderer: ChatRenderer) -> Non
         renderer.render_ids(short, images, pixels=False)
     with pytest.raises(ValueError, match="image 1 .* is not an image"):
         renderer.render(messages, [images[0], b"not a png", *images[2:]], pixels=False)
+    # a whole header but cut short: refused here, as decoding it is, not left to the server
+    cut = images[1][: len(images[1]) // 2]
+    with pytest.raises(ValueError, match="image 1 .* is a truncated PNG"):
+        renderer.render(messages, [images[0], cut, *images[2:]], pixels=False)
+    with pytest.raises(ValueError, match="image 1 .* not a decodable image"):
+        renderer.render(messages, [images[0], cut, *images[2:]])
