@@ -225,3 +225,56 @@ def test_the_host_ends_with_the_process_that_started_it(recording, tmp_path):
     finally:
         owner.kill()
         owner.wait(10)
+
+
+def test_the_admin_routes_refuse_what_is_not_a_desktop_id(recording):
+    """The provider's socket is the only way in; still, an id that is not one is refused, never a path."""
+
+    async def scenario() -> None:
+        provider = ReplayProvider(recording)
+        vm = await provider.create("t")
+        admin = provider._dir / "admin.sock"
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(admin))) as s:
+                for method, path, body in [
+                    ("DELETE", "/desktops/..%2F..%2Fx", None),
+                    ("POST", "/desktops/a%20b/reset", None),
+                    ("POST", "/desktops", {"id": "../x"}),
+                    ("POST", "/desktops", {"id": vm}),  # exists
+                    ("POST", f"/desktops/{vm}/bind", {"key": "../../etc/passwd"}),
+                    ("POST", f"/desktops/{vm}/bind", [1, 2]),
+                    ("DELETE", "/desktops/unknown", None),
+                ]:
+                    async with s.request(method, "http://replay" + path, json=body) as resp:
+                        assert resp.status in (400, 404, 409), (method, path, resp.status)
+            assert admin.exists() and (provider._dir / "d" / f"{vm}.sock").exists()
+            assert await provider.list("t") == [vm]
+        finally:
+            await provider.close()
+
+    run(scenario(), timeout=60)
+
+
+def test_a_step_sleeping_through_a_reset_does_not_move_the_new_episode(recording):
+    """A lease taken back mid-step (the desktop reset and bound anew while the step's latency runs) leaves
+    the new episode on its first screen."""
+
+    async def scenario() -> None:
+        provider = ReplayProvider(recording, step_latency_s=0.5)
+        vm = await provider.create("t")
+        await provider.bind(vm, "replayed-0000", 0)
+        first = _screens(recording, "replayed-0001")[0]
+        try:
+            async with VMClient(provider.address(vm), timeout_s=10) as client:
+                step = asyncio.create_task(client.act(Click(x=5, y=5)))  # sleeps out the step latency
+                while (await provider._admin("GET", "/stats"))["actions"] < 1:
+                    pass  # until the desktop has the action (its reply is 0.5 s away)
+                assert not step.done()
+                await provider.reset(vm)
+                await provider.bind(vm, "replayed-0001", 0)
+                await step
+                assert await client.screenshot() == first
+        finally:
+            await provider.close()
+
+    run(scenario(), timeout=60)
