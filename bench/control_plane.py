@@ -50,7 +50,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.sampling import Sampler  # noqa: E402
 from guirl.config.schema import ENV_VARS  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
@@ -112,44 +112,34 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-class Sampler:
+class ProcessSampler(Sampler):
     """Every process under the driver: CPU seconds and resident memory every SAMPLE_S, in a thread."""
 
+    period_s = SAMPLE_S
+
     def __init__(self, root_pid: int) -> None:
+        super().__init__()
         self.root = root_pid
         self.samples: list[tuple[float, dict[int, tuple[float, int]]]] = []
         self.parents: dict[int, int] = {}
         self.replay_hosts: set[int] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            now = time.time()
-            seen: dict[int, tuple[float, int]] = {}
-            for name in os.listdir("/proc"):
-                if not name.isdigit():
-                    continue
-                stat = _stat(int(name))
-                if stat is None:
-                    continue
-                self.parents[int(name)] = stat[2]
-                if self._under_root(int(name)):
-                    seen[int(name)] = stat[:2]
-                    if int(name) not in self.replay_hosts and "guirl.vmpool.replay_host" in _cmdline(
-                        int(name)
-                    ):
-                        self.replay_hosts.add(int(name))
-            self.samples.append((now, seen))
-            self._stop.wait(SAMPLE_S)
+    def sample(self) -> None:
+        now = time.time()
+        seen: dict[int, tuple[float, int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            stat = _stat(pid)
+            if stat is None:
+                continue
+            self.parents[pid] = stat[2]
+            if self._under_root(pid):
+                seen[pid] = stat[:2]
+                if pid not in self.replay_hosts and "guirl.vmpool.replay_host" in _cmdline(pid):
+                    self.replay_hosts.add(pid)
+        self.samples.append((now, seen))
 
     def _under_root(self, pid: int) -> bool:
         for _ in range(64):
@@ -250,7 +240,7 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
         cwd=ROOT,
         start_new_session=True,  # its whole tree can be stopped at once
     )
-    with Sampler(proc.pid) as sampler:
+    with ProcessSampler(proc.pid) as sampler:
         try:
             out, _ = proc.communicate(timeout=args.timeout)
         except subprocess.TimeoutExpired:

@@ -58,7 +58,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -70,6 +69,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import uvloop  # noqa: E402
 
+from bench.sampling import Sampler  # noqa: E402
 from guirl.config import load_config  # noqa: E402
 from guirl.log import setup_logging  # noqa: E402
 from guirl.model.tiny import ensure_tiny_checkpoint  # noqa: E402
@@ -181,7 +181,7 @@ def _machine_ticks() -> tuple[int, int]:
     return sum(values) - idle, sum(values)
 
 
-class CpuSampler:
+class CpuSampler(Sampler):
     """Samples every CPU_SAMPLE_S the CPU ticks of every process, each under the actor whose process tree
     it is in (the desktops are their env worker's; this process is the coordinator's), or
     `other:<name>` (not this run's: other users of the machine, kernel threads), and the machine's busy
@@ -189,40 +189,32 @@ class CpuSampler:
     returns. Per process, so that a desktop that exits (every VM reset) does not take its CPU time out of
     its worker's sum; what a process used after its last sample is lost, and shows as `unattributed`."""
 
+    period_s = CPU_SAMPLE_S
+
     def __init__(self, watch: ActorWatch) -> None:
+        super().__init__()
         self.watch = watch
         self.samples: list[tuple[float, dict[int, tuple[str, int]], tuple[int, int]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
+        self._owner: dict[int, str] = {}  # once a process is an actor's, it stays so (a desktop can outlive
+        # its parent)
 
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        me = os.getpid()
-        # once a process is an actor's, it stays so (a desktop can outlive its parent)
-        owner: dict[int, str] = {}
-        while not self._stop.wait(CPU_SAMPLE_S):
-            table = _proc_table()
-            owner.update({me: "coordinator", **self.watch.pids})
-            seen: dict[int, tuple[str, int]] = {}
-            for pid, (_, ticks, name) in table.items():
-                chain, p = [], pid
-                while p not in owner and p in table and len(chain) < 64:  # up the tree to an actor (or not)
-                    chain.append(p)
-                    p = table[p][0]
-                # this process's children other than the actors (multiprocessing's helpers) are "other"
-                if p in owner and (pid == p or p != me):
-                    owner.update(dict.fromkeys(chain, owner[p]))
-                    seen[pid] = (owner[p], ticks)
-                else:
-                    seen[pid] = (f"other:{name}", ticks)
-            self.samples.append((time.time(), seen, _machine_ticks()))
+    def sample(self) -> None:
+        me, owner = os.getpid(), self._owner
+        table = _proc_table()
+        owner.update({me: "coordinator", **self.watch.pids})
+        seen: dict[int, tuple[str, int]] = {}
+        for pid, (_, ticks, name) in table.items():
+            chain, p = [], pid
+            while p not in owner and p in table and len(chain) < 64:  # up the tree to an actor (or not)
+                chain.append(p)
+                p = table[p][0]
+            # this process's children other than the actors (multiprocessing's helpers) are "other"
+            if p in owner and (pid == p or p != me):
+                owner.update(dict.fromkeys(chain, owner[p]))
+                seen[pid] = (owner[p], ticks)
+            else:
+                seen[pid] = (f"other:{name}", ticks)
+        self.samples.append((time.time(), seen, _machine_ticks()))
 
     def between(self, start: float, end: float) -> dict[str, Any]:
         """CPU seconds per actor (and `unattributed`) and the machine's busy fraction over [start, end],

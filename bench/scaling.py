@@ -50,7 +50,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.sampling import Sampler  # noqa: E402
 from guirl.config import load_config  # noqa: E402
 from guirl.config.schema import ENV_VARS  # noqa: E402
 
@@ -128,30 +128,20 @@ def point_settings(args: argparse.Namespace, workers: int, tmp: Path) -> list[st
     ]
 
 
-class CpuSampler:
+class CpuSampler(Sampler):
     """The machine's (busy, total) CPU ticks every CPU_SAMPLE_S, in a thread, while a point runs."""
 
+    period_s = CPU_SAMPLE_S
+
     def __init__(self) -> None:
+        super().__init__()
         self.samples: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
 
-    def __enter__(self) -> CpuSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            with open("/proc/stat") as f:
-                values = [int(x) for x in f.readline().split()[1:]]
-            idle = values[3] + values[4]  # idle + iowait
-            self.samples.append((time.time(), sum(values) - idle, sum(values)))
-            if self._stop.wait(CPU_SAMPLE_S):
-                return
+    def sample(self) -> None:
+        with open("/proc/stat") as f:
+            values = [int(x) for x in f.readline().split()[1:]]
+        idle = values[3] + values[4]  # idle + iowait
+        self.samples.append((time.time(), sum(values) - idle, sum(values)))
 
     def busy(self, start: float, end: float) -> tuple[float | None, float | None]:
         """The machine's busy fraction over [start, end], from the samples nearest inside it, and the 90th
