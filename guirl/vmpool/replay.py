@@ -280,8 +280,8 @@ class ReplayProvider:
                 "--step-jitter",
                 str(self.step_jitter),
             ]
-            if self.recording.size is not None:
-                command += ["--width", str(self.recording.size[0]), "--height", str(self.recording.size[1])]
+            width, height = self.recording.size  # set: a recording has at least one replayable episode
+            command += ["--width", str(width), "--height", str(height)]
             # stdin stays open while this process lives: the host ends when it closes (this process died)
             self._proc = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
@@ -312,7 +312,7 @@ class ReplayProvider:
                 data = await resp.json(content_type=None)
                 if resp.status >= 400:
                     raise ProviderError(
-                        f"replay host: {method} {path}: {resp.status} {data.get('error', '')}"
+                        f"replay host: {method} {path}: {resp.status} {data.get('message', '')}"
                     )
                 return data
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -339,8 +339,14 @@ class ReplayProvider:
 
     async def create(self, tag: str) -> str:
         vm_id = f"replay-{uuid.uuid4().hex[:10]}"
-        await self._admin("POST", "/desktops", {"id": vm_id, "tag": tag})
+        # until an episode binds it, a desktop shows the recording's first episode
+        first = next(iter(self.recording.by_key.values()))
+        await self._admin("POST", "/desktops", {"id": vm_id, "tag": tag, "screens": self._names(first)})
         return vm_id
+
+    def _names(self, recorded: Recorded) -> list[str]:
+        """`recorded`'s screens as the host takes them: paths relative to the recording."""
+        return [str(p.relative_to(self.recording.root)) for p in recorded.screens]
 
     def address(self, vm_id: str) -> str:
         if self._dir is None:
@@ -388,7 +394,7 @@ class ReplayProvider:
         """Have `vm_id` play a recorded episode of `task_id` from its first screen; returns the recording's
         key. A task with no recording is a `ProviderError`."""
         recorded = self.recording.choose(task_id, sample)
-        await self._admin("POST", f"/desktops/{vm_id}/bind", {"key": recorded.key})
+        await self._admin("POST", f"/desktops/{vm_id}/bind", {"screens": self._names(recorded)})
         self._bound[vm_id] = recorded
         self.counters["binds"] += 1
         return recorded.key

@@ -1,9 +1,10 @@
 """The process behind the `replay` provider: many replayed desktops, each a VM server on its own socket.
 
-    python -m guirl.vmpool.replay_host --recording RUN_DIR --dir DIR [--step-latency S]
+    python -m guirl.vmpool.replay_host --recording RUN_DIR --dir DIR --width W --height H [--step-latency S]
 
-Each desktop listens on `DIR/d/<id>.sock` and answers guirl's VM protocol from the recorded episode it is
-bound to (see `replay.py`): `/screenshot` is the current recorded screen; `/action` takes a typed action
+Each desktop listens on `DIR/d/<id>.sock` and answers guirl's VM protocol from the recorded screens it is
+given (the provider reads the recording, chooses an episode and names its screens, paths in RUN_DIR; see
+`replay.py`): `/screenshot` is the current recorded screen; `/action` takes a typed action
 (refused as the real server refuses: bad JSON 400, a point off the screen 422); the first screen asked
 for after actions (in `/action`'s reply or by `/screenshot`) is the next recorded one, given after
 `--step-latency` seconds (give or take `--step-jitter` of it). `/execute` and the routes that would run
@@ -29,21 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import msgspec
 from aiohttp import web
 
 from guirl.agent.actions import AnyAction
-from guirl.vmpool.replay import POINT_FIELDS, Recorded, load_recording
+from guirl.vmpool.replay import POINT_FIELDS
+from guirl.vmpool.server.http import action_reply, bad_request, error_reply
 
 _ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 MAX_BODY = 1 << 20
 CACHE_BYTES = 512 << 20
 """Recorded screens kept in memory at most (the most recently shown)."""
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"status": "error", "message": message, "error": message}, status=status)
 
 
 class Screens:
@@ -75,16 +72,16 @@ class Screens:
 class Desktop:
     """One replayed desktop: the recording it plays and where it is in it."""
 
-    def __init__(self, host: ReplayHost, vm_id: str, tag: str, recorded: Recorded) -> None:
+    def __init__(self, host: ReplayHost, vm_id: str, tag: str, screens: list[Path]) -> None:
         self.host, self.vm_id, self.tag = host, vm_id, tag
-        self.recorded = recorded
-        self.position = 0  # index into recorded.screens
+        self.screens = screens  # the recorded episode's, in order (its final screen last)
+        self.position = 0  # index into screens
         self.pending = False  # actions were taken since the screen was last shown
         self.generation = 0  # bumped at every restart: a step still sleeping then does not move the new one
         self.runner: web.AppRunner | None = None
 
-    def restart(self, recorded: Recorded | None = None) -> None:
-        self.recorded = recorded or self.recorded
+    def restart(self, screens: list[Path] | None = None) -> None:
+        self.screens = screens or self.screens
         self.position, self.pending = 0, False
         self.generation += 1
 
@@ -97,9 +94,9 @@ class Desktop:
                 jitter = self.host.step_jitter * self.host.rng.uniform(-1, 1)
                 await asyncio.sleep(self.host.step_latency_s * (1 + jitter))
             if generation == self.generation:  # not restarted (reset, bound anew) meanwhile
-                self.position = min(self.position + 1, len(self.recorded.screens) - 1)
+                self.position = min(self.position + 1, len(self.screens) - 1)
                 self.host.steps += 1
-        return self.host.screens.get(self.recorded.screens[self.position])
+        return self.host.screens.get(self.screens[self.position])
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -134,7 +131,7 @@ class Desktop:
         try:
             act = msgspec.json.decode(await request.read(), type=AnyAction)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return _action_reply(False, f"bad action: {exc}", None, status=400)
+            return action_reply(False, f"bad action: {exc}", None, status=400)
         # an action taken, even one refused: the recorded run took the next screen after it too
         self.pending = True
         self.host.actions += 1
@@ -143,19 +140,14 @@ class Desktop:
         for name in POINT_FIELDS:  # the real server refuses a point off its screen, and so does this one
             value = fields.get(name)
             if isinstance(value, int) and value >= (w if name in ("x", "to_x") else h):
-                return _action_reply(False, f"({name}={value}) is off the {w}x{h} screen", None, status=422)
+                return action_reply(False, f"({name}={value}) is off the {w}x{h} screen", None, status=422)
         want_shot = request.query.get("screenshot", "1") != "0"
-        return _action_reply(True, "", await self.screen() if want_shot else None)
+        return action_reply(True, "", await self.screen() if want_shot else None)
 
     async def unavailable(self, request: web.Request) -> web.Response:
-        return _error(
+        return error_reply(
             501, f"{request.method} {request.path}: a replayed desktop runs no programs and has no files"
         )
-
-
-def _action_reply(ok: bool, error: str, png: bytes | None, status: int = 200) -> web.Response:
-    body = msgpack.packb({"ok": ok, "error": error, "screenshot": png})
-    return web.Response(body=body, status=status, content_type="application/msgpack")
 
 
 class ReplayHost:
@@ -166,11 +158,11 @@ class ReplayHost:
         recording_dir: str,
         sock_dir: Path,
         step_latency_s: float,
-        size: tuple[int, int] | None,
+        size: tuple[int, int],
         step_jitter: float = 0.0,
     ) -> None:
-        self.recording = load_recording(recording_dir, size)
-        self.size: tuple[int, int] = self.recording.size or (1920, 1080)
+        self.root = Path(recording_dir).resolve()  # the provider names screens under it, nothing else
+        self.size = size
         self.sock_dir = sock_dir
         self.step_latency_s = step_latency_s
         self.step_jitter = step_jitter
@@ -179,7 +171,6 @@ class ReplayHost:
         self.desktops: dict[str, Desktop] = {}
         self.steps = 0
         self.actions = 0
-        self._default = next(iter(self.recording.by_key.values()))
 
     def admin_app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -197,37 +188,52 @@ class ReplayHost:
         try:
             data = await request.json() if request.can_read_body else {}
         except (ValueError, UnicodeDecodeError) as exc:
-            raise web.HTTPBadRequest(text=json.dumps({"error": f"bad JSON: {exc}"})) from None
+            raise bad_request(f"bad JSON: {exc}") from None
         if not isinstance(data, dict):
-            raise web.HTTPBadRequest(text=json.dumps({"error": "expected a JSON object"}))
+            raise bad_request("expected a JSON object")
         return data
+
+    def _screens(self, data: dict[str, Any]) -> list[Path]:
+        """The recorded screens a desktop is to show: paths under the recording, relative to it (the
+        provider read the recording and checked them; this host only serves them)."""
+        names = data.get("screens")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise bad_request("screens must be a non-empty list of paths in the recording")
+        paths = [(self.root / n).resolve() for n in names]
+        outside = next(
+            (n for n, p in zip(names, paths, strict=True) if not p.is_relative_to(self.root)), None
+        )
+        if outside is not None:
+            raise bad_request(f"screen {outside!r} is not in the recording")
+        return paths
 
     def _desktop(self, request: web.Request) -> Desktop:
         vm_id = request.match_info["id"]
         if not _ID.fullmatch(vm_id):
-            raise web.HTTPBadRequest(
-                text=json.dumps({"error": "a desktop id is 1-64 letters, digits, - or _"})
-            )
+            raise bad_request("a desktop id is 1-64 letters, digits, - or _")
         desktop = self.desktops.get(vm_id)
         if desktop is None:
-            raise web.HTTPNotFound(text=json.dumps({"error": f"no desktop {request.match_info['id']!r}"}))
+            raise web.HTTPNotFound(
+                text=json.dumps({"status": "error", "message": f"no desktop {vm_id!r}"}),
+                content_type="application/json",
+            )
         return desktop
 
     async def create(self, request: web.Request) -> web.Response:
         data = await self._body(request)
         vm_id, tag = data.get("id"), data.get("tag", "")
         if not isinstance(vm_id, str) or not _ID.fullmatch(vm_id) or not isinstance(tag, str):
-            return _error(400, "id must be 1-64 letters, digits, '-' or '_', and tag a string")
+            return error_reply(400, "id must be 1-64 letters, digits, '-' or '_', and tag a string")
         if vm_id in self.desktops:
-            return _error(409, f"desktop {vm_id} exists")
-        desktop = Desktop(self, vm_id, tag, self._default)
+            return error_reply(409, f"desktop {vm_id} exists")
+        desktop = Desktop(self, vm_id, tag, self._screens(data))
         runner = web.AppRunner(desktop.app(), handle_signals=False, access_log=None)
         await runner.setup()
         try:
             await web.UnixSite(runner, str(self.sock_dir / "d" / f"{vm_id}.sock")).start()
         except OSError as exc:
             await runner.cleanup()
-            return _error(500, f"cannot listen for desktop {vm_id}: {exc}")
+            return error_reply(500, f"cannot listen for desktop {vm_id}: {exc}")
         desktop.runner = runner
         self.desktops[vm_id] = desktop
         return web.json_response({"id": vm_id})
@@ -238,12 +244,8 @@ class ReplayHost:
 
     async def bind(self, request: web.Request) -> web.Response:
         desktop = self._desktop(request)
-        key = (await self._body(request)).get("key")
-        recorded = self.recording.by_key.get(key) if isinstance(key, str) else None
-        if recorded is None:
-            return _error(404, f"no replayable recording {key!r}")
-        desktop.restart(recorded)
-        return web.json_response({"key": key})
+        desktop.restart(self._screens(await self._body(request)))
+        return web.json_response({})
 
     async def reset(self, request: web.Request) -> web.Response:
         self._desktop(request).restart()
@@ -289,8 +291,9 @@ class ReplayHost:
 async def _serve(args: argparse.Namespace) -> int:
     sock_dir = Path(args.dir)
     (sock_dir / "d").mkdir(mode=0o700, exist_ok=True)  # the desktops' sockets, apart from the admin's
-    size = (args.width, args.height) if args.width and args.height else None
-    host = ReplayHost(args.recording, sock_dir, args.step_latency, size, args.step_jitter)
+    host = ReplayHost(
+        args.recording, sock_dir, args.step_latency, (args.width, args.height), args.step_jitter
+    )
     admin = web.AppRunner(host.admin_app(), handle_signals=False, access_log=None)
     await admin.setup()
     await web.UnixSite(admin, str(sock_dir / "admin.sock")).start()
@@ -300,12 +303,7 @@ async def _serve(args: argparse.Namespace) -> int:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     # the provider's process holds our stdin: its end (the process died) is ours
     loop.add_reader(sys.stdin.fileno(), lambda: os.read(sys.stdin.fileno(), 4096) or stop.set())
-    ready = {
-        "ready": True,
-        "pid": os.getpid(),
-        "episodes": len(host.recording.by_key),
-        "started": time.time(),
-    }
+    ready = {"ready": True, "pid": os.getpid(), "started": time.time()}
     sys.stdout.write(json.dumps(ready) + "\n")
     sys.stdout.flush()
     await stop.wait()
@@ -330,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", required=True, help="where the sockets go")
     ap.add_argument("--step-latency", type=float, default=0.0, help="seconds each step takes")
     ap.add_argument("--step-jitter", type=float, default=0.0, help="give or take this fraction of it")
-    ap.add_argument("--width", type=int, default=0)
-    ap.add_argument("--height", type=int, default=0)
+    ap.add_argument("--width", type=int, required=True, help="the recorded screens' width")
+    ap.add_argument("--height", type=int, required=True, help="the recorded screens' height")
     args = ap.parse_args(argv)
     import uvloop
 

@@ -242,13 +242,16 @@ def test_the_admin_routes_refuse_what_is_not_a_desktop_id(recording):
                     ("POST", "/desktops", {"id": "../x"}),
                     ("POST", "/desktops", {"id": vm}),  # exists
                     ("POST", f"/desktops/{vm}/bind", {"key": "../../etc/passwd"}),
+                    ("POST", f"/desktops/{vm}/bind", {"screens": ["../../etc/passwd"]}),  # not recorded
+                    ("POST", f"/desktops/{vm}/bind", {"screens": []}),
+                    ("POST", "/desktops", {"id": "fresh", "screens": ["/etc/passwd"]}),
                     ("POST", f"/desktops/{vm}/bind", [1, 2]),
                     ("DELETE", "/desktops/unknown", None),
                 ]:
                     async with s.request(method, "http://replay" + path, json=body) as resp:
                         assert resp.status in (400, 404, 409), (method, path, resp.status)
             assert admin.exists() and (provider._dir / "d" / f"{vm}.sock").exists()
-            assert await provider.list("t") == [vm]
+            assert await provider.list("t") == [vm]  # nothing made, nothing lost
         finally:
             await provider.close()
 

@@ -17,14 +17,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import msgspec
 from aiohttp import web
 
 from guirl.agent.actions import AnyAction
 from guirl.vmpool.server.desktop import Desktop
 from guirl.vmpool.server.extra import ExtraRoutes
-from guirl.vmpool.server.http import bad_request, error_reply, request_fields
+from guirl.vmpool.server.http import action_reply, bad_request, error_reply, request_fields
 
 log = logging.getLogger(__name__)
 
@@ -253,15 +252,10 @@ class VMServer:
         try:
             act = msgspec.json.decode(await request.read(), type=AnyAction)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return self._action_reply(False, f"bad action: {exc}", None, status=400)
+            return action_reply(False, f"bad action: {exc}", None, status=400)
         want_shot = request.query.get("screenshot", "1") != "0"
         try:  # one trip to the GUI thread for both: the step's latency is what an agent waits for
             png = await self.in_gui(self.desktop.perform_and_capture, act, want_shot)
         except (ValueError, TypeError) as exc:  # not doable here (off-screen, unknown key): nothing changed
-            return self._action_reply(False, str(exc), None, status=422)
-        return self._action_reply(True, "", png)
-
-    @staticmethod
-    def _action_reply(ok: bool, error: str, png: bytes | None, status: int = 200) -> web.Response:
-        body = msgpack.packb({"ok": ok, "error": error, "screenshot": png})
-        return web.Response(body=body, status=status, content_type="application/msgpack")
+            return action_reply(False, str(exc), None, status=422)
+        return action_reply(True, "", png)

@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+import msgpack
 from aiohttp import WSMsgType, web
 
 CHUNK = 1 << 16
@@ -13,6 +14,12 @@ CHUNK = 1 << 16
 
 def error_reply(status: int, message: str) -> web.Response:
     return web.json_response({"status": "error", "message": message}, status=status)
+
+
+def action_reply(ok: bool, error: str, png: bytes | None, status: int = 200) -> web.Response:
+    """`/action`'s answer: `{ok, error, screenshot}` as msgpack (the screenshot raw, not base64)."""
+    body = msgpack.packb({"ok": ok, "error": error, "screenshot": png})
+    return web.Response(body=body, status=status, content_type="application/msgpack")
 
 
 def bad_request(message: str) -> web.HTTPBadRequest:
