@@ -57,7 +57,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.sampling import Sampler  # noqa: E402
+from bench.sampling import Sampler, proc_table  # noqa: E402
 from guirl.config.schema import ENV_VARS  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
@@ -94,16 +94,6 @@ def screen(text: str) -> tuple[int, int]:
 # -- processes --------------------------------------------------------------------------------------------
 
 
-def _stat(pid: int) -> tuple[float, int, int] | None:
-    """(CPU seconds, resident bytes, parent pid) of `pid`, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICK, int(fields[21]) * PAGE, int(fields[1])
-
-
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -126,17 +116,12 @@ class ProcessSampler(Sampler):
 
     def sample(self) -> None:
         now = time.time()
-        seen: dict[int, tuple[float, int]] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            pid = int(name)
-            stat = _stat(pid)
-            if stat is None:
-                continue
-            self.parents[pid] = stat[2]
+        seen: dict[int, tuple[float, int]] = {}  # pid -> (CPU seconds, resident bytes)
+        table = proc_table()
+        self.parents.update((pid, proc.ppid) for pid, proc in table.items())
+        for pid, proc in table.items():
             if self._under_root(pid):
-                seen[pid] = stat[:2]
+                seen[pid] = (proc.ticks / TICK, proc.rss_pages * PAGE)
                 if pid not in self.replay_hosts and "guirl.vmpool.replay_host" in _cmdline(pid):
                     self.replay_hosts.add(pid)
         self.samples.append((now, seen))

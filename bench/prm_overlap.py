@@ -69,7 +69,7 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import uvloop  # noqa: E402
 
-from bench.sampling import Sampler  # noqa: E402
+from bench.sampling import Sampler, proc_table  # noqa: E402
 from guirl.config import load_config  # noqa: E402
 from guirl.log import setup_logging  # noqa: E402
 from guirl.model.tiny import ensure_tiny_checkpoint  # noqa: E402
@@ -155,24 +155,6 @@ class ActorWatch(logging.Handler):
             logging.getLogger().handle(record)
 
 
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (parent pid, CPU ticks it used itself: user + system, its name). Not its children's (they
-    are counted as themselves while they live; a reaped child's would count twice)."""
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                head, _, tail = f.read().rpartition(")")
-        except OSError:  # gone meanwhile
-            continue
-        fields = tail.split()
-        # after the name: state(0) ppid(1) ... utime(11) stime(12)
-        table[int(entry)] = (int(fields[1]), int(fields[11]) + int(fields[12]), head.partition("(")[2])
-    return table
-
-
 def _machine_ticks() -> tuple[int, int]:
     """(busy, total) CPU ticks of the whole machine since boot."""
     with open("/proc/stat") as f:
@@ -200,14 +182,14 @@ class CpuSampler(Sampler):
 
     def sample(self) -> None:
         me, owner = os.getpid(), self._owner
-        table = _proc_table()
+        table = proc_table()
         owner.update({me: "coordinator", **self.watch.pids})
         seen: dict[int, tuple[str, int]] = {}
-        for pid, (_, ticks, name) in table.items():
+        for pid, (_, ticks, _, name) in table.items():
             chain, p = [], pid
             while p not in owner and p in table and len(chain) < 64:  # up the tree to an actor (or not)
                 chain.append(p)
-                p = table[p][0]
+                p = table[p].ppid
             # this process's children other than the actors (multiprocessing's helpers) are "other"
             if p in owner and (pid == p or p != me):
                 owner.update(dict.fromkeys(chain, owner[p]))
