@@ -181,9 +181,11 @@ def train_progress_line(coord: Coordinator, metrics: dict[str, Any], updates: in
     ]
     if metrics:
         m = metrics
+        # a simulated update (`train.simulated_update_s`) trains nothing: it has no clip fraction to show
+        clip = "simulated update" if "simulated_update_s" in m else f"clipfrac {m.get('clipfrac', 0):.3f}"
         parts.append(
             f"last update: reward {m.get('reward_mean', 0):+.2f}, success {m.get('success_rate', 0):.0%}, "
-            f"clipfrac {m.get('clipfrac', 0):.3f}, lag {m.get('version_lag_mean', 0):.1f}, "
+            f"{clip}, lag {m.get('version_lag_mean', 0):.1f}, "
             f"learner idle {m.get('learner_idle_frac', 0):.0%}"
         )
     parts.append(f"{elapsed:.0f} s")

@@ -130,6 +130,7 @@ def make_engines(
                         latency_s=s.latency_s,
                         latency_jitter=s.latency_jitter,
                         max_batch=inference.max_batch,
+                        tokens=s.tokens,
                     )
                 )
             case other:

@@ -224,7 +224,7 @@ class Learner(Actor):
 
         self.rank0.load(self.resume_from)
         self.renderer = self.trainer.renderer
-        self.tied = tied_embeddings(self.trainer.model)
+        self.tied = self.trainer.model is not None and tied_embeddings(self.trainer.model)
         if self.resume_from is not None:
             self._restore(self.resume_from)
 

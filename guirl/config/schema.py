@@ -517,6 +517,10 @@ class ScriptedBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=
     latency_jitter: Annotated[float, Meta(ge=0, le=1)] = 0.0
     """Each batch's time drawn uniformly within this fraction of `latency_s` either side (a latency model:
     a real engine's time varies, so requests do not stay in lockstep)."""
+    tokens: bool = False
+    """Answer with token ids and log-probs, as a model's engine does, so a `guirl train` with a simulated
+    learner (`train.simulated_update_s`) can run on scripts: the response's UTF-8 bytes as its ids, each with
+    log-prob 0; the prompt's text as bytes and each image as Qwen3-VL's count of its tokens."""
 
 
 class InferenceConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -765,6 +769,11 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ranks: PosInt = 1
     """Data-parallel learner processes (FSDP2 over gloo on CPU, NCCL on GPUs: one per learner GPU). The
     learner actor is rank 0 and starts the others."""
+    simulated_update_s: Annotated[float, Meta(ge=0)] = 0.0
+    """A learner without a model, for measuring the control plane (0 = off, a real learner): trajectories are
+    received, checked, buffered and given advantages as always, but each update only takes this many
+    seconds, and each version is published with no weights. Needs the scripted backend with
+    `inference.scripted.tokens` (`bench/control_plane.py --decoupling`)."""
 
 
 class FaultsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -191,10 +191,19 @@ def check_prompt_style(cfg: GuirlConfig) -> None:
 def check_train(cfg: GuirlConfig) -> None:
     """The settings a train run needs."""
     t = cfg.train
-    if cfg.inference.backend not in ("hf", "sglang"):
+    if t.simulated_update_s:  # the control plane measured around a timed update: no model anywhere
+        if cfg.inference.backend != "scripted" or not cfg.inference.scripted.tokens:
+            raise InputError(
+                "train.simulated_update_s (a learner without a model) needs engines without one: "
+                'inference.backend = "scripted" with inference.scripted.tokens = true'
+            )
+        if t.ranks != 1:
+            raise InputError("train.simulated_update_s is one learner rank: set train.ranks = 1")
+    elif cfg.inference.backend not in ("hf", "sglang"):
         raise InputError(
             f"inference.backend={cfg.inference.backend!r}: training needs the engine's token ids and "
-            'log-probs; use "hf" or "sglang"'
+            'log-probs; use "hf" or "sglang" (the scripted backend only with a simulated learner: '
+            "train.simulated_update_s)"
         )
     if not t.updates:
         raise InputError("train.updates must be set (> 0): the number of policy updates to make")

@@ -5,6 +5,11 @@ them (`{"type": "click", "x": 10, "y": 20}`) or a recorded response (`{"response
 <tool_call>...</tool_call>"}`, e.g. a trajectory's lines). Step n is answered with line n rendered as
 the model would write it (Qwen3-VL's computer-use tool call, or GUI-R1's answer with
 `response_format="gui_r1"`); past the end, with `terminate success` (GUI-R1: `complete`).
+
+With `tokens`, results carry token ids and log-probs as a model's engine reports them, so a train run with a
+simulated learner (`guirl.learner.simulated`) runs on scripts: the response's UTF-8 bytes are its ids
+(log-prob 0 each: the script is certain); the prompt's ids are its text's bytes, with each image as
+Qwen3-VL's count of its tokens (`IMAGE_TOKEN` repeated), so a trajectory weighs about what a real one does.
 """
 
 from __future__ import annotations
@@ -20,22 +25,24 @@ from typing import Any
 import msgspec
 
 from guirl.agent.actions import AnyAction, Done
-from guirl.agent.imaging import image_size
+from guirl.agent.imaging import image_size, image_tokens, smart_resize
 from guirl.agent.parse import Coordinates
 from guirl.agent.render import render_response
 from guirl.agent.unified import from_typed, render_answer
 from guirl.inference.base import EngineError, GenRequest, GenResult, stamp, took_weights
+from guirl.messages.types import ImagePart
 from guirl.messages.weights import WeightSource
 
 _TASK_ID = re.compile(r"[A-Za-z0-9._-]{1,200}")
 ScriptLine = AnyAction | str
 """A typed action to render, or a verbatim response."""
+IMAGE_TOKEN = 256
+"""The id an image's tokens take in a scripted prompt (bytes are 0-255)."""
 
 
 class ScriptedEngine:
-    """Answers each request from its task's script (see the module docstring); no tokens, no weights."""
+    """Answers each request from its task's script (see the module docstring); no weights."""
 
-    supports_tokens = False
     max_inflight = 0  # static batches (Engine.max_inflight)
 
     def __init__(
@@ -49,10 +56,12 @@ class ScriptedEngine:
         latency_s: float = 0.0,
         latency_jitter: float = 0.0,
         max_batch: int = 8,
+        tokens: bool = False,
     ) -> None:
         self.name = name
         self.policy_version = -1
         self.max_batch = max_batch
+        self.supports_tokens = tokens
         self.script_dir = Path(script_dir)
         self.screen = screen
         self.coordinates: Coordinates = coordinates
@@ -77,7 +86,13 @@ class ScriptedEngine:
         if self.latency_s > 0:
             jitter = self.latency_jitter * self._rng.uniform(-1, 1)
             await asyncio.sleep(self.latency_s * (1 + jitter))
-        return stamp([GenResult(text=text, finish_reason="stop") for text in texts], self, started)
+        results = [GenResult(text=text, finish_reason="stop") for text in texts]
+        if self.supports_tokens:
+            for request, result in zip(batch, results, strict=True):
+                result.prompt_ids = _prompt_ids(request)
+                result.response_ids = list(result.text.encode())
+                result.logprobs = [0.0] * len(result.response_ids)
+        return stamp(results, self, started)
 
     async def health(self) -> bool:
         """Always able to serve."""
@@ -119,6 +134,29 @@ class ScriptedEngine:
                 raise EngineError(f"no script for task {task_id!r}: {exc}", retryable=False) from None
             self._scripts[task_id] = _parse_script(path, text)
         return self._scripts[task_id]
+
+
+def _prompt_ids(request: GenRequest) -> list[int]:
+    """A scripted prompt's ids (see the module docstring): given ids as they are, else each text part's
+    bytes and each image's Qwen3-VL token count (read from its header)."""
+    if request.prompt_ids is not None:
+        return list(request.prompt_ids)
+    ids: list[int] = []
+    for message in request.messages:
+        for tool in message.tools:  # the template writes the tools' schemas into the prompt
+            ids += tool.encode()
+        for part in message.parts:
+            if not isinstance(part, ImagePart):
+                ids += part.text.encode()
+                continue
+            if not 0 <= part.index < len(request.images):
+                raise EngineError(f"image {part.index} of {len(request.images)}", retryable=False)
+            try:
+                w, h = image_size(request.images[part.index])
+                ids += [IMAGE_TOKEN] * image_tokens(*smart_resize(h, w))
+            except (OSError, ValueError) as exc:  # not an image Pillow reads, or no size it can take
+                raise EngineError(f"image {part.index}: {exc}", retryable=False) from None
+    return ids
 
 
 def _parse_script(path: Path, text: str) -> list[ScriptLine]:

@@ -84,7 +84,7 @@ class WeightDelivery:
         from guirl.weights.broadcast_publisher import GuirlLayoutPublisher, SGLangLayoutPublisher
 
         broadcaster = None
-        if cfg.weight_sync == "broadcast":
+        if cfg.weight_sync == "broadcast" and not cfg.simulated_update_s:  # a simulated one has no weights
             group = {
                 "host": host_address(),  # the learner host's cluster address (loopback on one machine)
                 "backend": transport.backend,

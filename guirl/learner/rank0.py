@@ -76,11 +76,19 @@ class Rank0:
     def load(self, resume_from: Path | None) -> Any:
         """On the torch thread: the trainer, joined with the ranks and loaded (from `resume_from`, a
         checkpoint directory, when given); FatalError when that is not a checkpoint."""
+        from guirl.learner.simulated import SimulatedTrainer
         from guirl.learner.trainer import Trainer
 
-        self.trainer = Trainer(
-            ckpt=self.ckpt, train=self.train, seed=self.seed, temperature=self.temperature, device=self.device
-        )
+        if self.train.simulated_update_s:  # no model: the control plane measured around a timed update
+            self.trainer = SimulatedTrainer(self.train.simulated_update_s)
+        else:
+            self.trainer = Trainer(
+                ckpt=self.ckpt,
+                train=self.train,
+                seed=self.seed,
+                temperature=self.temperature,
+                device=self.device,
+            )
         try:
             self.trainer.load(resume_from, rendezvous=self.followers.rendezvous, store=self.followers.store)
         except ValueError as exc:  # not a checkpoint directory

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
-from tests.e2e.test_eval import ROOT, _episodes, _eval
+from tests.e2e.test_eval import FAST, GUIRL, ROOT, _env, _episodes, _eval
 
 
 def test_a_recorded_run_re_driven_on_replayed_desktops(tmp_path):
@@ -72,3 +73,50 @@ def test_a_recorded_run_re_driven_on_replayed_desktops(tmp_path):
             assert (mine / name).read_bytes() == (source / name).read_bytes()
     pools = [json.loads(p.read_text()) for p in run_dir.glob("pools/*.json")]
     assert sum(p["replay"]["scored"] for p in pools) == 2 and sum(p["replay"]["diverged"] for p in pools) == 1
+
+
+def test_a_simulated_learner_trains_on_replayed_desktops(tmp_path):
+    """`guirl train` with no model anywhere (`train.simulated_update_s`, the scripted backend's tokens):
+    the learner's intake, groups, advantages, versions, checkpoints and weight files are the real ones;
+    only the update is a timed wait. Every version reaches the engines, and nothing is dropped as stale."""
+    from guirl.testing.recording import write_recording
+
+    rec = write_recording(tmp_path / "recording", tasks=4, steps=4, size=(1280, 800))
+    cmd = [
+        *GUIRL,
+        "train",
+        "--config",
+        str(ROOT / "configs" / "local_rl.toml"),
+        *FAST,
+        *("--set", f"run.root_dir={tmp_path / 'runs'}", "--set", "inference.backend=scripted"),
+        *("--set", "inference.scripted.tokens=true", "--set", f"inference.scripted.dir={rec['scripts']}"),
+        *("--set", "env.provider=replay", "--set", f"env.replay.run={tmp_path / 'recording'}"),
+        *("--set", f"train.tasks={rec['suite']}", "--set", "train.domains=[]", "--set", "train.updates=3"),
+        *("--set", "train.simulated_update_s=0.5", "--set", "train.max_staleness=2"),
+        *("--set", "env.max_envs=4", "--set", "env.prewarm_envs=4", "--set", "agent.max_steps=10"),
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "simulated update" in out.stdout
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [json.loads(x) for x in (run_dir / "trained.jsonl").read_text().splitlines()]
+    assert [m["version"] for m in metrics] == [t["version"] for t in trained] == [1, 2, 3]
+    for m, t in zip(metrics, trained, strict=True):
+        assert m["simulated_update_s"] == 0.5 and m["update_s"] >= 0.5 and m["groups"] == 2
+        assert m["samples"] == sum(len(steps) for steps in t["episodes"].values())  # every step, as tokens
+        # each prompt holds its screen as Qwen3-VL's tokens (640x384 after agent.max_pixels: 20 x 12)
+        assert m["prompt_tokens"] >= m["samples"] * 20 * 12 and m["stale_steps_dropped"] == 0
+        assert m["version_lag_max"] <= 2
+    # the engines took each version (episodes played on it), published as weight files with no tensors
+    played = {
+        json.loads(line)["policy_version"]
+        for traj in run_dir.glob("episodes/*/*/traj.jsonl")
+        for line in traj.read_text().splitlines()
+    }
+    assert {1, 2} <= played
+    assert (run_dir / "weights" / "v000003" / "model.safetensors").is_file()
+    marker = run_dir / "checkpoints" / "v000003" / "simulated.json"
+    assert json.loads(marker.read_text()) == {"update_s": 0.5}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_version"] == 3 and summary["env_errors"] == 0, summary

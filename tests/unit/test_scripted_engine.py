@@ -165,3 +165,35 @@ def test_gui_r1_answers_in_the_seen_images_pixels(script_dir):
     assert not err.value.retryable
     with pytest.raises(ValueError, match="response_format"):
         ScriptedEngine("s", script_dir, screen=SCREEN, response_format="json")
+
+
+def test_tokens_are_the_texts_bytes_and_each_images_qwen3_vl_count(script_dir):
+    from guirl.inference.scripted import IMAGE_TOKEN
+    from guirl.messages.types import ChatMessage, ImagePart, TextPart
+
+    engine = ScriptedEngine("s", script_dir, screen=SCREEN, tokens=True)
+    assert engine.supports_tokens and not ScriptedEngine("t", script_dir, screen=SCREEN).supports_tokens
+    messages = [
+        ChatMessage(role="system", parts=[TextPart(text="sys")], tools=['{"a": 1}']),
+        ChatMessage(role="user", parts=[ImagePart(index=0), TextPart(text="é?"), ImagePart(index=1)]),
+    ]
+    # 1280x800 and 1920x1080 rounded to 32-pixel cells: 40 x 25 and 60 x 34 image tokens
+    request = GenRequest(messages=messages, images=[_png((1280, 800)), _png(SCREEN)], task_id="typed")
+    (result,) = run(engine.generate([request]))
+    assert result.prompt_ids == [
+        *b'{"a": 1}',
+        *b"sys",
+        *[IMAGE_TOKEN] * (40 * 25),
+        *"é?".encode(),
+        *[IMAGE_TOKEN] * (60 * 34),
+    ]
+    assert result.response_ids == list(result.text.encode()) and result.logprobs == [0.0] * len(
+        result.text.encode()
+    )
+    (given,) = run(engine.generate([GenRequest(prompt_ids=[5, 6], task_id="typed")]))
+    assert given.prompt_ids == [5, 6]
+    for images, said in [([], "image 0 of 0"), ([b"\x89PNG not really"], "image 0:")]:
+        parts = [ImagePart(index=0)]
+        bad = GenRequest(messages=[ChatMessage(role="user", parts=parts)], images=images, task_id="typed")
+        with pytest.raises(EngineError, match=said):
+            run(engine.generate([bad]))

@@ -9,6 +9,12 @@ from guirl.config.validate import validate
 from guirl.errors import InputError
 
 TRAINABLE = ["inference.backend=hf", "train.updates=2"]
+SIMULATED = [
+    "inference.backend=scripted",
+    "inference.scripted.tokens=true",
+    "train.updates=2",
+    "train.simulated_update_s=0.5",
+]
 
 
 def _load(*overrides: str, mode: str | None = None):
@@ -103,6 +109,21 @@ def _load(*overrides: str, mode: str | None = None):
         ("eval", ["env.provider=aws", "cloud.cluster_cidr=10.0.0.0/16"], "needs cloud.aws.image_id"),
         ("train", ["inference.backend=scripted", "train.updates=2"], "training needs the engine's token ids"),
         ("train", ["inference.backend=hf"], "train.updates must be set"),
+        (
+            "train",
+            [*TRAINABLE, "train.simulated_update_s=1"],
+            'needs engines without one: inference.backend = "scripted" with inference.scripted.tokens',
+        ),
+        (
+            "train",
+            ["inference.backend=scripted", "train.updates=2", "train.simulated_update_s=1"],
+            "inference.scripted.tokens = true",
+        ),
+        (
+            "train",
+            [*SIMULATED, "train.ranks=2"],
+            "train.simulated_update_s is one learner rank: set train.ranks = 1",
+        ),
         ("train", [*TRAINABLE, "train.advantage=step_wise"], "needs PRM scores"),
         (
             "train",
@@ -116,6 +137,11 @@ def test_each_rule_refuses_with_the_keys_to_set(mode, overrides, said):
     with pytest.raises(InputError) as err:
         _load(*overrides, mode=mode)
     assert said in str(err.value)
+
+
+def test_a_simulated_learner_trains_on_scripted_tokens():
+    cfg = _load(*SIMULATED, mode="train")
+    assert cfg.train.simulated_update_s == 0.5 and cfg.inference.scripted.tokens
 
 
 def test_a_mode_rule_waits_for_its_mode():
