@@ -61,7 +61,9 @@ from bench.sampling import Sampler, proc_table  # noqa: E402
 from guirl.config.schema import ENV_VARS  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
-CONFIG = ROOT / "configs" / "local_eval.toml"
+CONFIGS = {"train": ROOT / "configs" / "local_rl.toml", "eval": ROOT / "configs" / "local_eval.toml"}
+SAMPLES = 8
+"""Episodes per GRPO group in `--mode train` (GUI-RL's 8)."""
 SAMPLE_S = 0.5
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -146,7 +148,23 @@ class ProcessSampler(Sampler):
 def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str]:
     workers = max(1, -(-n // args.vms_per_worker))
     w, h = args.screen
+    if args.mode == "train":  # the learner's intake too: every trajectory received, checked and buffered
+        groups = max(1, n // SAMPLES)  # a batch of about one episode per desktop
+        mode = [
+            f"train.tasks={rec['suite']}",
+            "train.domains=[]",
+            f"train.updates={max(1, n * args.episodes // (groups * SAMPLES) - 1)}",
+            f"train.simulated_update_s={args.update_s}",
+            f"train.max_staleness={args.staleness}",
+            "train.checkpoint_every=0",
+            f"rollout.batch_size={groups}",
+            f"rollout.n_samples_per_prompt={SAMPLES}",
+            "inference.scripted.tokens=true",
+        ]
+    else:
+        mode = [f"eval.tasks={rec['suite']}", f"eval.limit={n * args.episodes}"]
     return [
+        *mode,
         f"run.root_dir={tmp / f'n{n}'}",
         f"run.name=control-n{n}",
         "inference.backend=scripted",
@@ -168,8 +186,6 @@ def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str
         f"env.prewarm_envs={n}",
         f"env.workers={workers}",
         f"env.vms_per_worker={-(-n // workers)}",
-        f"eval.tasks={rec['suite']}",
-        f"eval.limit={n * args.episodes}",
         f"agent.max_steps={2 * args.steps + 2}",
         f"agent.max_pixels={args.max_pixels}",
         "agent.sleep_after_action_s=0",
@@ -204,6 +220,27 @@ def window(steps: list[dict]) -> tuple[float, float] | None:
     return first + cut, last - cut
 
 
+def intake(run_dir: Path) -> dict[str, Any]:
+    """The learner's side of a train point, from its metrics.jsonl: the trajectories it received per second
+    and their bytes on the wire (screens and token ids), between its first and its last update; what it
+    trained and dropped for staleness; its updates' mean wait for a batch, and the largest version lag."""
+    metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first, last = (metrics[0], metrics[-1]) if metrics else ({}, {})
+    span = last.get("time", 0) - first.get("time", 0)
+    received = last.get("trajectories_received", 0) - first.get("trajectories_received", 0)
+    nbytes = last.get("trajectories_bytes", 0) - first.get("trajectories_bytes", 0)
+    return {
+        "trajectories_per_s": round(received / span, 2) if span > 0 else None,
+        "mb_per_s": round(nbytes / span / 2**20, 2) if span > 0 else None,
+        "mb_per_trajectory": round(nbytes / received / 2**20, 3) if received else None,
+        "updates": len(metrics),
+        "samples_trained": sum(m.get("samples", 0) for m in metrics),
+        "stale_steps_dropped": sum(m.get("stale_steps_dropped", 0) for m in metrics),
+        "collect_s_mean": round(statistics.mean(m["collect_s"] for m in metrics), 2) if metrics else None,
+        "version_lag_max": max((m["version_lag_max"] for m in metrics), default=None),
+    }
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -213,7 +250,8 @@ def pct(values: list[float], q: float) -> float | None:
 
 def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[str, Any]:
     overrides = [x for s in settings(args, n, tmp, rec) for x in ("--set", s)]
-    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), "eval", "--config", str(CONFIG), *overrides]
+    config = CONFIGS[args.mode]
+    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), args.mode, "--config", str(config), *overrides]
     env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     started = time.time()
     proc = subprocess.Popen(
@@ -246,10 +284,13 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
         "env_workers": max(1, -(-n // args.vms_per_worker)),
         "wall_s": round(wall, 1),
         "episodes": summary.get("episodes"),
-        "accuracy": summary.get("accuracy"),
         "env_errors": summary.get("env_errors"),
-        "aborted": summary.get("aborted"),
+        "aborted": summary.get("aborted", 0),
     }
+    if args.mode == "eval":
+        point["accuracy"] = summary.get("accuracy")
+    else:
+        point.update(updates=summary.get("updates"), learner_restarts=summary.get("learner_restarts"))
     if span is None or span[1] - span[0] < 4 * args.period:
         point.update(valid=False, error="the run stepped too briefly to measure (more --episodes)")
         return point
@@ -275,14 +316,15 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
     groups: dict[str, list[int]] = {
         "coordinator": [proc.pid],
         "broker": [],
+        "learner": [],
         "env_worker": [],
         "replay_host": [],
     }
     for pid in b:
         if pid in sampler.replay_hosts:
             groups["replay_host"].append(pid)
-        elif names.get(pid) == "broker":
-            groups["broker"].append(pid)
+        elif names.get(pid) in ("broker", "learner"):
+            groups[names[pid]].append(pid)
         elif names.get(pid, "").startswith("worker"):
             groups["env_worker"].append(pid)
     steps_in = max(1, len(inside))
@@ -301,8 +343,14 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
             busiest = (group, max(deltas) / (t1 - t0))
     machine = sum(b[p][0] - a.get(p, (0.0, 0))[0] for p in b) / (t1 - t0)
     rss = {g: sum(b[p][1] for p in pids if p in b) for g, pids in groups.items()}
+    if args.mode == "train":
+        point["intake"] = intake(run_dir)
     point.update(
-        valid=bool(summary.get("env_errors") == 0 and summary.get("aborted") == 0),
+        valid=bool(
+            summary.get("env_errors") == 0
+            and summary.get("aborted", 0) == 0
+            and not summary.get("learner_restarts")
+        ),
         measured_s=round(t1 - t0, 1),
         steps_per_s=round(rate, 2),
         ideal_steps_per_s=round(ideal, 2),
@@ -330,6 +378,12 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--mode",
+        choices=("train", "eval"),
+        default="train",
+        help="guirl train with a simulated learner (its intake measured too; default) or guirl eval",
+    )
     ap.add_argument("--points", type=numbers, default=[64, 256, 1024], help="desktops at each point")
     ap.add_argument("--period", type=float, default=5.0, help="a desktop's ideal seconds per step")
     ap.add_argument("--engine-s", type=float, default=1.0, help="the engine's seconds per request")
@@ -338,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         "--jitter", type=float, default=0.2, help="engine and desktop times vary by this fraction either side"
     )
     ap.add_argument("--episodes", type=int, default=4, help="episodes per desktop")
+    ap.add_argument("--update-s", type=float, default=1.0, help="--mode train: seconds per simulated update")
+    ap.add_argument("--staleness", type=int, default=2, help="--mode train: train.max_staleness")
     ap.add_argument("--vms-per-worker", type=int, default=128)
     ap.add_argument("--screen", type=screen, default=(1920, 1080))
     ap.add_argument(
@@ -374,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         last = points[-1]
         result = {
             "bench": "control_plane",
+            "mode": args.mode,
             "period_s": args.period,
             "engine_s": args.engine_s,
             "jitter": args.jitter,

@@ -234,6 +234,7 @@ class Learner(Actor):
         match req.msg:
             case Trajectory() as traj:
                 self.counters["trajectories.received"] += 1
+                self.counters["trajectories.bytes"] += req.nbytes  # the intake's bandwidth
                 if foreign := self._foreign_policy(traj):
                     return self._reject(traj, foreign)
                 if self.board is not None and traj.episode_id not in self.buffer.seen:
@@ -309,6 +310,8 @@ class Learner(Actor):
                 publish_s=round(publish_s, 3),
                 **self.publishing.last_publish,
                 learner_idle_frac=round(self.idle_s / max(1e-9, self.idle_s + self.busy_s), 4),
+                trajectories_received=self.counters["trajectories.received"],
+                trajectories_bytes=self.counters["trajectories.bytes"],
                 loop_stall_max_s=round(self.stall_max_s, 3),
                 **{f"buffer.{k}": v for k, v in self.buffer.state().items()},
             )
