@@ -45,6 +45,7 @@ from guirl.config.schema import AgentConfig, CloudConfig, EnvConfig
 from guirl.fileio import write_json_atomic
 from guirl.learner.rewards import outcome_reward
 from guirl.messages import Blob, CoordinatorChannel, LearnerChannel, PolicyChannel, PRMChannel
+from guirl.messages.codec import CodecError
 from guirl.messages.types import (
     Ack,
     ChatMessage,
@@ -585,6 +586,15 @@ class EnvWorker(Actor):
                     getattr(e, "transient", False) and not (self.stopping or self.learner.left)
                 ),
             )
+        except CodecError as exc:  # more than the run's codec limits let one message carry: never sendable
+            self.counters["trajectories.unsendable"] += 1
+            log.error(
+                "episode %s: its trajectory cannot be sent to the learner, it is not trained on (%s; see "
+                "codec.max_frames)",
+                ep.episode_id,
+                exc,
+            )
+            return
         except (ActorError, OSError, TimeoutError) as exc:
             self.counters["trajectories.undelivered"] += 1
             # the learner shut down after its last update (the end of a run) or died (a fault)

@@ -120,8 +120,10 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 class CodecConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Limits checked when decoding wire messages."""
 
-    max_frames: PosInt = 64
-    """Most frames accepted in one multipart message."""
+    max_frames: PosInt = 1024
+    """Most frames accepted in one multipart message. A train run's trajectory is one message of up to
+    `2 + agent.max_steps x (4 + agent.history_images)` frames (per step its prompt ids, response ids and
+    log-probs, and its screens, each sent once); `guirl train` refuses a limit below that."""
     max_frame_bytes: PosInt = 64 * 2**20
     """Largest accepted single frame, in bytes."""
     max_body_bytes: PosInt = 8 * 2**20
@@ -487,6 +489,11 @@ class SGLangBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     deterministic: bool = False
     """Launch with `--enable-deterministic-inference`, so each request's sampling seed is honoured (SGLang
     ignores seeds otherwise; it then needs a deterministic attention backend: fa3, flashinfer or triton)."""
+    render_processes: NonNegInt = 0
+    """Processes of the broker that render prompts into token ids for its SGLang engines, shared by them (0 =
+    on each engine's thread, in the broker's one interpreter: about 230 full-HD requests/s per broker). Each
+    process takes about a core at full load and loads the checkpoint's tokenizer; near a thousand desktops
+    and beyond, give the broker's host cores for them (docs/scale.md)."""
 
 
 class OpenAIBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

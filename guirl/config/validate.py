@@ -207,6 +207,12 @@ def check_train(cfg: GuirlConfig) -> None:
         )
     if not t.updates:
         raise InputError("train.updates must be set (> 0): the number of policy updates to make")
+    frames = trajectory_frames(cfg.agent.max_steps, cfg.agent.history_images)
+    if frames > cfg.codec.max_frames:  # the env worker could not send a long episode's samples
+        raise InputError(
+            f"codec.max_frames = {cfg.codec.max_frames} is below the {frames} frames a "
+            f"trajectory of agent.max_steps = {cfg.agent.max_steps} steps can take: raise it to {frames}"
+        )
     if t.advantage == "step_wise" and not cfg.prm.enabled:
         raise InputError('train.advantage = "step_wise" needs PRM scores: set prm.enabled = true')
     if cfg.data.train:  # GUI-R1 mode
@@ -214,6 +220,12 @@ def check_train(cfg: GuirlConfig) -> None:
             raise InputError('train.advantage = "step_wise" is for desktop episodes; GUI-R1 mode is "grpo"')
         if t.eval_every and not cfg.data.eval:
             raise InputError("train.eval_every in GUI-R1 mode needs data.eval (held-out rows)")
+
+
+def trajectory_frames(max_steps: int, history_images: int) -> int:
+    """The most wire frames a trajectory of `max_steps` steps takes: body and header, and per step its three
+    tensors (prompt ids, response ids, log-probs) and at most its prompt's screens (each sent once)."""
+    return 2 + max_steps * (3 + 1 + history_images)
 
 
 def on_cuda(hf: HFBackendConfig) -> bool:

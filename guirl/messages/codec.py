@@ -21,7 +21,7 @@ MAX_HEADER_BYTES = 4096
 class CodecLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Bounds on what a peer may send (defaults match `guirl.config.CodecConfig`)."""
 
-    max_frames: int = 64
+    max_frames: int = 1024
     max_frame_bytes: int = 64 * 2**20
     max_body_bytes: int = 8 * 2**20
     max_depth: int = 32

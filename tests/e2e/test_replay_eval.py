@@ -81,7 +81,9 @@ def test_a_simulated_learner_trains_on_replayed_desktops(tmp_path):
     only the update is a timed wait. Every version reaches the engines, and nothing is dropped as stale."""
     from guirl.testing.recording import write_recording
 
-    rec = write_recording(tmp_path / "recording", tasks=4, steps=4, size=(1280, 800))
+    # 20-step episodes: a trajectory of 82 wire frames (4 per step), which a codec limit of 64 frames once
+    # refused, crashing the env worker at every hand-over
+    rec = write_recording(tmp_path / "recording", tasks=4, steps=20, size=(1280, 800))
     cmd = [
         *GUIRL,
         "train",
@@ -93,7 +95,7 @@ def test_a_simulated_learner_trains_on_replayed_desktops(tmp_path):
         *("--set", "env.provider=replay", "--set", f"env.replay.run={tmp_path / 'recording'}"),
         *("--set", f"train.tasks={rec['suite']}", "--set", "train.domains=[]", "--set", "train.updates=3"),
         *("--set", "train.simulated_update_s=0.5", "--set", "train.max_staleness=2"),
-        *("--set", "env.max_envs=4", "--set", "env.prewarm_envs=4", "--set", "agent.max_steps=10"),
+        *("--set", "env.max_envs=4", "--set", "env.prewarm_envs=4", "--set", "agent.max_steps=24"),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=_env(), cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]

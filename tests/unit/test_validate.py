@@ -111,6 +111,11 @@ def _load(*overrides: str, mode: str | None = None):
         ("train", ["inference.backend=hf"], "train.updates must be set"),
         (
             "train",
+            [*TRAINABLE, "agent.max_steps=30", "codec.max_frames=64"],
+            "codec.max_frames = 64 is below the 182 frames a trajectory of agent.max_steps = 30 steps",
+        ),
+        (
+            "train",
             [*TRAINABLE, "train.simulated_update_s=1"],
             'needs engines without one: inference.backend = "scripted" with inference.scripted.tokens',
         ),
