@@ -8,19 +8,31 @@ one, desktop-like screenshots already smart-resized by the worker), rendered by 
 tokenizer and chat template with two image processors: the tiny model's (at most 512x512 pixels) and one
 with Qwen3-VL's own bounds (65,536 to 16,777,216 pixels: a 1920x1088 screen is processed whole). The
 engine renders on one thread per engine in the broker process, so `1 / CPU per request` is what one
-engine's rendering can feed. Checks the two paths give the same ids. Prints a table, then one line of JSON.
+engine's rendering can feed. Checks the two paths give the same ids.
 
-    python bench/broker_render.py [--repeat 10]
+Then throughput, full-HD requests rendered as the broker renders them with `--engines` SGLang engines: on the
+engines' threads (one each, all in the broker's one interpreter) against the broker's render processes
+(`inference.sglang.render_processes`, `guirl.inference.render_pool`) with 1 to `--processes` processes, each
+with `--inflight` requests outstanding; requests/s and the broker process's own CPU per request (with
+processes: handing the request over and taking the ids back). With the tiny checkpoint's image processor:
+ids only, the template and the tokenizer are the cost, the same for both processors above.
+
+Prints tables, then one line of JSON.
+
+    python bench/broker_render.py [--repeat 10] [--requests 400] [--engines 2] [--processes 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -30,6 +42,7 @@ from guirl.config.schema import AgentConfig  # noqa: E402
 from guirl.fileio import cache_dir  # noqa: E402
 from guirl.inference.base import GenRequest  # noqa: E402
 from guirl.inference.chat import ChatRenderer  # noqa: E402
+from guirl.inference.render_pool import RenderPool  # noqa: E402
 from guirl.inference.sglang_api import render_request  # noqa: E402
 from guirl.messages.types import SamplingParams  # noqa: E402
 from guirl.model.tiny import build_image_processor, ensure_tiny_checkpoint  # noqa: E402
@@ -60,9 +73,84 @@ def cpu_per_call(fn, repeat: int) -> float:
     return (time.process_time() - t) / repeat
 
 
+async def _threads(renderer: ChatRenderer, req: GenRequest, n: int, engines: int, inflight: int) -> None:
+    """`n` renders on `engines` single-thread executors (each SGLang engine's), `inflight` at a time."""
+    loop = asyncio.get_running_loop()
+    pools = [ThreadPoolExecutor(max_workers=1) for _ in range(engines)]
+    gate = asyncio.Semaphore(inflight)
+
+    async def one(i: int) -> None:
+        async with gate:
+            await loop.run_in_executor(pools[i % engines], render_request, renderer, req)
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+    for pool in pools:
+        pool.shutdown()
+
+
+async def _processes(pool: RenderPool, req: GenRequest, n: int, inflight: int) -> None:
+    gate = asyncio.Semaphore(inflight)
+
+    async def one() -> None:
+        async with gate:
+            await pool.render(req)
+
+    await asyncio.gather(*(one() for _ in range(n)))
+
+
+def throughput(ckpt: Path, args: argparse.Namespace) -> list[dict]:
+    """Requests/s and the broker process's CPU per request: engine threads, then 1..P render processes."""
+    renderer = ChatRenderer.load(ckpt)
+    req = step_request((1920, 1080), 512 * 512)
+    want, _ = render_request(renderer, req)
+    inflight = args.inflight
+    rows = []
+
+    def measure(label: str, run: Any) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        asyncio.run(run())
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        row = {
+            "render": label,
+            "requests_per_s": round(args.requests / wall, 1),
+            "broker_cpu_ms_per_request": round(1000 * cpu / args.requests, 3),
+        }
+        rows.append(row)
+        print(
+            f"{label:<34} {row['requests_per_s']:>7} requests/s   broker process CPU "
+            f"{row['broker_cpu_ms_per_request']:>6} ms per request",
+            flush=True,
+        )
+
+    measure(
+        f"{args.engines} engine threads",
+        lambda: _threads(renderer, req, args.requests, args.engines, inflight),
+    )
+    for processes in range(1, args.processes + 1):
+        pool = RenderPool(ckpt, processes)
+
+        async def warm(pool: RenderPool = pool) -> None:  # the workers spawned and loaded, outside the timing
+            await pool.start()
+            await asyncio.gather(*(pool.render(req) for _ in range(4 * pool.processes)))
+
+        asyncio.run(warm())
+        got = asyncio.run(pool.render(req))
+        assert got == want, "the render processes' ids differ from the thread's"
+        measure(
+            f"{processes} render process{'es' if processes > 1 else ''}",
+            lambda pool=pool: _processes(pool, req, args.requests, inflight),
+        )
+        pool.release()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--requests", type=int, default=400, help="requests per throughput measurement")
+    ap.add_argument("--engines", type=int, default=2, help="SGLang engines (render threads) of the broker")
+    ap.add_argument("--processes", type=int, default=2, help="the most render processes measured")
+    ap.add_argument("--inflight", type=int, default=64, help="requests outstanding at once")
     args = ap.parse_args(argv)
     ckpt = ensure_tiny_checkpoint(cache_dir("tiny-qwen3vl"))
     base = ChatRenderer.load(ckpt)
@@ -97,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"same {same}",
                 flush=True,
             )
-    print(json.dumps({"bench": "broker_render", "repeat": args.repeat, "rows": rows}))
+    pooled = throughput(ckpt, args)
+    print(json.dumps({"bench": "broker_render", "repeat": args.repeat, "rows": rows, "throughput": pooled}))
     return 0 if all(r["same_ids"] for r in rows) else 1
 
 

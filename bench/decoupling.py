@@ -104,6 +104,7 @@ def settings(args: argparse.Namespace, rec: dict, root: Path, update_s: float, s
         f"env.prewarm_envs={n}",
         f"env.workers={max(1, -(-n // 128))}",
         f"agent.max_steps={args.steps + 2}",
+        f"agent.max_pixels={args.max_pixels}",
         "agent.sleep_after_action_s=0",
         "logging.level=WARNING",
         *args.set,
@@ -192,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--updates", type=int, default=4, help="updates per run (the first is start-up)")
     ap.add_argument("--staleness", type=int, default=2, help="train.max_staleness of the decoupled runs")
     ap.add_argument("--screen", type=screen, default=(1280, 800))
+    ap.add_argument(
+        "--max-pixels",
+        type=int,
+        default=16 * 16 * 4 * 12800,
+        help="agent.max_pixels (Qwen3-VL's default: a 1280x800 screen is shown as it is, not resampled)",
+    )
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds one run may take")
     ap.add_argument("--keep", action="store_true", help="keep the recording and the runs")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more overrides")
