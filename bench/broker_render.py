@@ -10,16 +10,16 @@ with Qwen3-VL's own bounds (65,536 to 16,777,216 pixels: a 1920x1088 screen is p
 engine renders on one thread per engine in the broker process, so `1 / CPU per request` is what one
 engine's rendering can feed. Checks the two paths give the same ids.
 
-Then throughput, full-HD requests rendered as the broker renders them with `--engines` SGLang engines: on the
-engines' threads (one each, all in the broker's one interpreter) against the broker's render processes
-(`inference.sglang.render_processes`, `guirl.inference.render_pool`) with 1 to `--processes` processes, each
-with `--inflight` requests outstanding; requests/s and the broker process's own CPU per request (with
-processes: handing the request over and taking the ids back). With the tiny checkpoint's image processor:
-ids only, the template and the tokenizer are the cost, the same for both processors above.
+Then throughput: full-HD requests rendered as the broker renders them, each SGLang engine on a thread of its
+own in the broker's one process, with 1, 2 and 4 engines (`--requests` requests, `--inflight` outstanding):
+requests/s and CPU per request. Hugging Face's tokenizer encodes without holding Python's GIL, so engine
+threads render on several cores; what holds the GIL is the rest (the chat template, the pad expansion, the
+glue), measured alone as the whole render minus the tokenizer's encode: that part, and the broker's
+messaging, bound one broker process whatever cores it has.
 
 Prints tables, then one line of JSON.
 
-    python bench/broker_render.py [--repeat 10] [--requests 400] [--engines 2] [--processes 2]
+    python bench/broker_render.py [--repeat 10] [--requests 400] [--inflight 64]
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from guirl.config.schema import AgentConfig  # noqa: E402
 from guirl.fileio import cache_dir  # noqa: E402
 from guirl.inference.base import GenRequest  # noqa: E402
 from guirl.inference.chat import ChatRenderer  # noqa: E402
-from guirl.inference.render_pool import RenderPool  # noqa: E402
 from guirl.inference.sglang_api import render_request  # noqa: E402
 from guirl.messages.types import SamplingParams  # noqa: E402
 from guirl.model.tiny import build_image_processor, ensure_tiny_checkpoint  # noqa: E402
@@ -88,68 +87,49 @@ async def _threads(renderer: ChatRenderer, req: GenRequest, n: int, engines: int
         pool.shutdown()
 
 
-async def _processes(pool: RenderPool, req: GenRequest, n: int, inflight: int) -> None:
-    gate = asyncio.Semaphore(inflight)
-
-    async def one() -> None:
-        async with gate:
-            await pool.render(req)
-
-    await asyncio.gather(*(one() for _ in range(n)))
-
-
-def throughput(ckpt: Path, args: argparse.Namespace) -> list[dict]:
-    """Requests/s and the broker process's CPU per request: engine threads, then 1..P render processes."""
+def throughput(ckpt: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Requests/s and CPU per request with 1, 2 and 4 engine threads; the GIL-held part of a render."""
     renderer = ChatRenderer.load(ckpt)
     req = step_request((1920, 1080), 512 * 512)
-    want, _ = render_request(renderer, req)
-    inflight = args.inflight
+    text = renderer.template_text(req.messages)
+    whole = cpu_per_call(lambda: render_request(renderer, req), 10 * args.repeat)
+    encode = cpu_per_call(lambda: renderer.tokenizer(text, add_special_tokens=False), 10 * args.repeat)
     rows = []
-
-    def measure(label: str, run: Any) -> None:
+    for engines in (1, 2, 4):
         wall, cpu = time.perf_counter(), time.process_time()
-        asyncio.run(run())
+        asyncio.run(_threads(renderer, req, args.requests, engines, args.inflight))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         row = {
-            "render": label,
+            "engines": engines,
             "requests_per_s": round(args.requests / wall, 1),
-            "broker_cpu_ms_per_request": round(1000 * cpu / args.requests, 3),
+            "cpu_ms_per_request": round(1000 * cpu / args.requests, 3),
+            "cores_busy": round(cpu / wall, 2),
         }
         rows.append(row)
         print(
-            f"{label:<34} {row['requests_per_s']:>7} requests/s   broker process CPU "
-            f"{row['broker_cpu_ms_per_request']:>6} ms per request",
+            f"{engines} engine thread{'s' if engines > 1 else ' '}  {row['requests_per_s']:>7} requests/s  "
+            f"CPU {row['cpu_ms_per_request']:>6} ms per request  {row['cores_busy']} cores busy",
             flush=True,
         )
-
-    measure(
-        f"{args.engines} engine threads",
-        lambda: _threads(renderer, req, args.requests, args.engines, inflight),
+    gil_ms = 1000 * (whole - encode)
+    print(
+        f"per request: render {1000 * whole:.2f} ms, of which the tokenizer's encode (no GIL) "
+        f"{1000 * encode:.2f} ms; holding the GIL {gil_ms:.2f} ms",
+        flush=True,
     )
-    for processes in range(1, args.processes + 1):
-        pool = RenderPool(ckpt, processes)
-
-        async def warm(pool: RenderPool = pool) -> None:  # the workers spawned and loaded, outside the timing
-            await pool.start()
-            await asyncio.gather(*(pool.render(req) for _ in range(4 * pool.processes)))
-
-        asyncio.run(warm())
-        got = asyncio.run(pool.render(req))
-        assert got == want, "the render processes' ids differ from the thread's"
-        measure(
-            f"{processes} render process{'es' if processes > 1 else ''}",
-            lambda pool=pool: _processes(pool, req, args.requests, inflight),
-        )
-        pool.release()
-    return rows
+    return {
+        "threads": rows,
+        "render_ms": round(1000 * whole, 3),
+        "encode_ms": round(1000 * encode, 3),
+        "gil_ms": round(gil_ms, 3),
+        "cores": os.cpu_count(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--requests", type=int, default=400, help="requests per throughput measurement")
-    ap.add_argument("--engines", type=int, default=2, help="SGLang engines (render threads) of the broker")
-    ap.add_argument("--processes", type=int, default=2, help="the most render processes measured")
     ap.add_argument("--inflight", type=int, default=64, help="requests outstanding at once")
     args = ap.parse_args(argv)
     ckpt = ensure_tiny_checkpoint(cache_dir("tiny-qwen3vl"))
@@ -185,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"same {same}",
                 flush=True,
             )
-    pooled = throughput(ckpt, args)
-    print(json.dumps({"bench": "broker_render", "repeat": args.repeat, "rows": rows, "throughput": pooled}))
+    threads = throughput(ckpt, args)
+    print(json.dumps({"bench": "broker_render", "repeat": args.repeat, "rows": rows, "throughput": threads}))
     return 0 if all(r["same_ids"] for r in rows) else 1
 
 

@@ -8,7 +8,10 @@ learner GPUs, brokers) each component's capacity is computed in env steps/s; the
 and the component that sets it saturates first:
 
 - rollout GPUs: `rollout_gpus x requests/s per GPU` (input: prefill-bound for screenshot prompts);
-- brokers: each one process rendering the chat template and routing, `1 / (render + messaging)` per broker;
+- brokers: each one process routing, and rendering the chat template on its engines' threads. The
+  tokenizer's encode runs without Python's GIL, so the threads render on several cores; the rest of a
+  render and all the messaging hold it. Per broker: `min(1 / (GIL-held render + messaging), cores /
+  (render + messaging))`, with `--broker-cores` cores (and at least as many engines: one thread each);
 - coordinator: one process, work per episode (hand-out, end, ledger) spread over the episode's steps;
 - env workers: `cores x 1000 / env-worker ms per step` (they scale by adding processes and hosts; the figure
   says how many cores they need, not a ceiling);
@@ -19,7 +22,7 @@ and the component that sets it saturates first:
 
     python bench/scale_model.py [--desktops 1000,2000,5000,10000] [--period 5] [--rollout-gpus 8,16,32,64]
         [--gpu-requests-s 2.0] [--learner-gpus 8,64] [--learner-tokens-s-per-gpu 3000] [--brokers 1]
-        [--screen 1920x1080 | 1280x800]
+        [--broker-cores 4] [--screen 1920x1080 | 1280x800]
 Prints a table, then one line of JSON.
 """
 
@@ -31,7 +34,8 @@ import json
 # measured here (2 cores; see docs/scale.md), per env step unless said otherwise
 MEASURED = {
     "broker_messaging_ms": 0.85,  # bench/control_plane.py at 1,024 desktops (0.7-1.7 over the points)
-    "broker_render_ms": 4.4,  # bench/broker_render.py: the chat template and tokenizer, ids only
+    "broker_render_ms": 3.9,  # bench/broker_render.py: CPU per full-HD request, one engine thread (3.0-3.9)
+    "broker_render_gil_ms": 0.58,  # bench/broker_render.py: of a render, what is not the tokenizer's encode
     "coordinator_ms_per_episode": 4.4,  # 0.55 ms per step over the bench's ~8-step episodes
     "env_worker_ms": {"1280x800": 5.2, "1920x1080": 115.0},  # the full-HD figure is the screen's resample
     "screen_kb": {"1280x800": 68.0, "1920x1080": 130.0},  # the prompt's PNG (level 1)
@@ -43,10 +47,17 @@ def numbers(text: str, kind: type = int) -> list:
     return [kind(x) for x in text.split(",") if x.strip()]
 
 
+def broker_capacity(cores: float) -> float:
+    """Steps/s one broker process serves on the SGLang path with `cores` cores (see the module docstring)."""
+    m = MEASURED
+    serial = 1000.0 / (m["broker_render_gil_ms"] + m["broker_messaging_ms"])
+    return min(serial, cores * 1000.0 / (m["broker_render_ms"] + m["broker_messaging_ms"]))
+
+
 def layout(args: argparse.Namespace, desktops: int, rollout_gpus: int, learner_gpus: int) -> dict:
     screen = args.screen
     demand = desktops / args.period  # steps/s the desktops would make with nothing waiting
-    per_broker = 1000.0 / (MEASURED["broker_render_ms"] + MEASURED["broker_messaging_ms"])
+    per_broker = broker_capacity(args.broker_cores)
     tokens = MEASURED["prompt_tokens"][screen] + args.response_tokens
     step_bytes = tokens * 8 + MEASURED["screen_kb"][screen] * 1024  # ids and log-probs, one new screen
     capacity = {
@@ -98,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--broadcast-gb-s", type=float, default=20.0, help="ASSUMED: NCCL broadcast bandwidth")
     ap.add_argument("--response-tokens", type=int, default=200)
     ap.add_argument("--brokers", type=int, default=1)
+    ap.add_argument("--broker-cores", type=float, default=4.0, help="cores each broker process may use")
     ap.add_argument("--screen", choices=sorted(MEASURED["env_worker_ms"]), default="1920x1080")
     args = ap.parse_args(argv)
     rows = [

@@ -149,7 +149,6 @@ def _sglang_engines(
         "max_concurrency": sg.max_concurrency,
         "request_timeout_s": inference.request_timeout_s,
         "weight_load_format": sg.weight_load_format,
-        "render_processes": sg.render_processes,
     }
     if sg.urls:
         return [

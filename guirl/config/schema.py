@@ -489,11 +489,6 @@ class SGLangBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     deterministic: bool = False
     """Launch with `--enable-deterministic-inference`, so each request's sampling seed is honoured (SGLang
     ignores seeds otherwise; it then needs a deterministic attention backend: fa3, flashinfer or triton)."""
-    render_processes: NonNegInt = 0
-    """Processes of the broker that render prompts into token ids for its SGLang engines, shared by them (0 =
-    on each engine's thread, in the broker's one interpreter: about 230 full-HD requests/s per broker). Each
-    process takes about a core at full load and loads the checkpoint's tokenizer; near a thousand desktops
-    and beyond, give the broker's host cores for them (docs/scale.md)."""
 
 
 class OpenAIBackendConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -68,7 +68,6 @@ from guirl.inference.sglang_api import (
     load_renderer,
     model_vocab,
     parse_generate,
-    prompt_images,
     render_request,
     wire_ids,
 )
@@ -119,7 +118,6 @@ class SGLangEngine:
         weight_load_format: str = "flattened_bucket",
         start_timeout_s: float = 1200.0,
         deterministic: bool = False,
-        render_processes: int = 0,
     ) -> None:
         if bool(url) == (launch is not None):
             raise ValueError(
@@ -148,8 +146,6 @@ class SGLangEngine:
         self._session: aiohttp.ClientSession | None = None
         self._slots: asyncio.Semaphore | None = None
         self._renderer: Any = None
-        self.render_processes = render_processes
-        self._render_pool: Any = None  # guirl.inference.render_pool.RenderPool, with render_processes
         self._executor: ThreadPoolExecutor | None = None
         self._group: tuple[WeightGroupSpec, int] | None = None  # the weight group joined, and our first rank
         self._stale_cache = False  # weights changed, cache not flushed yet: serves nothing until it is
@@ -181,11 +177,6 @@ class SGLangEngine:
             raise EngineError(
                 f"engine {self.name}: cannot load the tokenizer of {self.ckpt_dir}: {exc}", retryable=False
             ) from exc
-        if self.render_processes and self._render_pool is None:
-            from guirl.inference.render_pool import RenderPool
-
-            self._render_pool = RenderPool.shared(self.ckpt_dir, self.render_processes)
-            await self._render_pool.start()
         connector = aiohttp.TCPConnector(limit=self.max_concurrency + 4, keepalive_timeout=KEEPALIVE_S)
         self._session = aiohttp.ClientSession(connector=connector)
         self._slots = asyncio.Semaphore(self.max_concurrency)
@@ -275,9 +266,6 @@ class SGLangEngine:
         if self._executor is not None:
             self._executor.shutdown(wait=False)
             self._executor = None
-        if self._render_pool is not None:
-            self._render_pool.release()
-            self._render_pool = None
 
     async def _in_worker(self, fn: Any, *args: Any) -> Any:
         if self._executor is None:
@@ -301,10 +289,7 @@ class SGLangEngine:
                 f"engine {self.name}: its cache is not flushed since a weight update", retryable=True
             )
         try:
-            if self._render_pool is not None:  # in the broker's render processes
-                prompt_ids, images = await self._render_pool.render(req), prompt_images(req)
-            else:
-                prompt_ids, images = await self._in_worker(render_request, self._renderer, req)
+            prompt_ids, images = await self._in_worker(render_request, self._renderer, req)
         except ValueError as exc:  # the request itself is bad: answered alone, as the hf engine does
             log.warning("engine %s: request %r aborted: %s", self.name, req.request_id, exc)
             return GenResult(text="", finish_reason="abort", error=str(exc)[:300])

@@ -226,14 +226,8 @@ def render_request(renderer: Any, req: GenRequest) -> tuple[list[int], list[byte
         if bad is not None:
             raise ValueError(f"prompt_ids hold {bad!r}, not a token id of this model (0..{vocab - 1})")
         rendered = renderer.render_ids(list(req.prompt_ids), req.images, pixels=False)
-        return list(rendered.input_ids), prompt_images(req)
+        return list(rendered.input_ids), list(req.images)
     # SGLang processes the images itself: the ids need only each image's token count, from its size
     rendered = renderer.render(req.messages, req.images, pixels=False)
-    return list(rendered.input_ids), prompt_images(req)
-
-
-def prompt_images(req: GenRequest) -> list[bytes]:
-    """The request's images in the order its prompt shows them (token-in: as given)."""
-    if req.prompt_ids is not None:
-        return list(req.images)
-    return [req.images[p.index] for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
+    order = [p.index for m in req.messages for p in m.parts if isinstance(p, ImagePart)]
+    return list(rendered.input_ids), [req.images[i] for i in order]

@@ -130,54 +130,6 @@ def test_1_screenshots_are_expanded_by_sglang_as_guirl_expands_them(ckpt: Path, 
         assert result.prompt_ids == expanded
 
 
-def test_1_prompts_rendered_in_the_brokers_processes_are_the_same_ids(ckpt: Path, url: str) -> None:
-    """`inference.sglang.render_processes`: two engines share the broker's render processes; the ids they
-    send (and SGLang expands and echoes) are those the engine's own thread renders. A request the renderer
-    refuses fails alone; a render process killed fails the request it meets as retryable, and the next one
-    is served by a fresh pool; the last engine closed stops the processes."""
-    import os
-    import signal
-
-    from guirl.actors.demo import synthetic_screen
-    from guirl.inference.render_pool import RenderPool
-    from guirl.inference.sglang_api import load_renderer, render_request
-
-    renderer = load_renderer(ckpt)
-    reqs = [_request(synthetic_screen(1280, 800, 3)), _request(png(640, 400, seed=2), png(96, 64, seed=5))]
-    bad = _request(png(64, 64))
-    bad.messages[1].parts.append(ImagePart(3))  # an image the request does not have
-
-    async def go():
-        a, b = _engine(ckpt, url, render_processes=2), _engine(ckpt, url, render_processes=2)
-        await a.start()
-        await b.start()
-        pool = a._render_pool
-        assert pool is b._render_pool and pool.users == 2
-        try:
-            for engine, req in ((a, reqs[0]), (b, reqs[1])):
-                (result,) = await engine.generate([req])
-                assert result.finish_reason != "abort", result.error
-                assert result.prompt_ids == render_request(renderer, req)[0]
-            (refused,) = await a.generate([bad])
-            assert refused.finish_reason == "abort" and "ImagePart(index=3)" in refused.error
-            workers = list(pool._pool._processes.values())
-            for worker in workers:
-                os.kill(worker.pid, signal.SIGKILL)
-            for worker in workers:
-                worker.join()
-            with pytest.raises(EngineError) as died:
-                await a.generate([reqs[0]])
-            assert died.value.retryable and "render process died" in str(died.value)
-            (again,) = await b.generate([reqs[1]])
-            assert again.prompt_ids == render_request(renderer, reqs[1])[0] and pool.restarts == 1
-        finally:
-            await a.close()
-            await b.close()
-        assert pool._pool is None and not RenderPool._shared
-
-    run(go(), timeout=180)
-
-
 def test_guirl_launches_sglang_without_its_vision_embedding_cache(url: str) -> None:
     """SGLang 0.5.23 keeps vision-tower outputs per image hash across weight updates (its cache is never
     cleared, not even by /flush_cache), while guirl trains the vision tower: the server guirl launched reads
