@@ -42,6 +42,7 @@ guirl's added latency <= 20 ms at p99. Prints a table, then one line of JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -73,14 +74,24 @@ WINDOW = 0.6
 """The share of a run's stepping, in its middle, over which it is measured."""
 
 
-def numbers(text: str) -> list[int]:
+def numbers(text: str, kind: type = int) -> list:
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: want positive numbers, comma-separated")
     return values
+
+
+def positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a number above 0")
+    return value
 
 
 def screen(text: str) -> tuple[int, int]:
@@ -147,7 +158,6 @@ class ProcessSampler(Sampler):
 
 def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str]:
     workers = max(1, -(-n // args.vms_per_worker))
-    w, h = args.screen
     if args.mode == "train":  # the learner's intake too: every trajectory received, checked and buffered
         groups = max(1, n // SAMPLES)  # a batch of about one episode per desktop
         mode = [
@@ -167,6 +177,18 @@ def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str
         *mode,
         f"run.root_dir={tmp / f'n{n}'}",
         f"run.name=control-n{n}",
+        f"env.vms_per_worker={-(-n // workers)}",
+        f"agent.max_steps={2 * args.steps + 2}",
+        *replayed_settings(args, n, workers, rec),
+    ]
+
+
+def replayed_settings(args: argparse.Namespace, n: int, workers: int, rec: dict) -> list[str]:
+    """What this bench and bench/decoupling.py share: `n` desktops replaying `rec` (each step `args.period`
+    minus `args.engine_s` on the desktop), over `workers` env workers, and the scripted latency model
+    (`args.engine_s` per request, streamed) as the policy; screens shown as they are (`args.max_pixels`)."""
+    w, h = args.screen
+    return [
         "inference.backend=scripted",
         "inference.engines=1",
         "inference.dispatch=stream",
@@ -176,7 +198,7 @@ def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str
         f"inference.scripted.latency_s={args.engine_s}",
         f"inference.scripted.latency_jitter={args.jitter}",
         "env.provider=replay",
-        f"env.replay.run={tmp / 'recording'}",
+        f"env.replay.run={rec['root']}",
         f"env.replay.step_latency_s={args.period - args.engine_s}",
         f"env.replay.step_jitter={args.jitter}",
         "env.action_space=computer_use",
@@ -185,13 +207,33 @@ def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str
         f"env.max_envs={n}",
         f"env.prewarm_envs={n}",
         f"env.workers={workers}",
-        f"env.vms_per_worker={-(-n // workers)}",
-        f"agent.max_steps={2 * args.steps + 2}",
         f"agent.max_pixels={args.max_pixels}",
         "agent.sleep_after_action_s=0",
         "logging.level=WARNING",
         *args.set,
     ]
+
+
+def run_guirl(mode: str, config: Path, settings: list[str], timeout: float, watch: Any = None) -> tuple:
+    """`bin/guirl MODE --config CONFIG --set ...` as a subprocess in a session of its own (its whole tree is
+    killed past `timeout`), watched by `watch(pid)` (a context manager: a `Sampler`) while it runs. Returns
+    (its exit code, None when it timed out; its output; its pid; the watcher)."""
+    overrides = [x for s in settings for x in ("--set", s)]
+    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), mode, "--config", str(config), *overrides]
+    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(
+        cmd, stdout=pipe, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True
+    )
+    watcher = watch(proc.pid) if watch is not None else contextlib.nullcontext()
+    with watcher:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return None, "", proc.pid, watcher
+    return proc.returncode, out, proc.pid, watcher
 
 
 def steps_of(run_dir: Path) -> tuple[list[dict], list[float]]:
@@ -235,7 +277,8 @@ def intake(run_dir: Path) -> dict[str, Any]:
         "mb_per_trajectory": round(nbytes / received / 2**20, 3) if received else None,
         "updates": len(metrics),
         "samples_trained": sum(m.get("samples", 0) for m in metrics),
-        "stale_steps_dropped": sum(m.get("stale_steps_dropped", 0) for m in metrics),
+        # the buffer's own count: a batch that was all stale makes no metrics line of its own
+        "stale_steps_dropped": last.get("buffer.steps.stale_dropped", 0),
         "collect_s_mean": round(statistics.mean(m["collect_s"] for m in metrics), 2) if metrics else None,
         "version_lag_max": max((m["version_lag_max"] for m in metrics), default=None),
     }
@@ -249,31 +292,15 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[str, Any]:
-    overrides = [x for s in settings(args, n, tmp, rec) for x in ("--set", s)]
-    config = CONFIGS[args.mode]
-    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), args.mode, "--config", str(config), *overrides]
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
     started = time.time()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,  # its whole tree can be stopped at once
-    )
-    with ProcessSampler(proc.pid) as sampler:
-        try:
-            out, _ = proc.communicate(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return {"desktops": n, "valid": False, "error": f"did not finish within {args.timeout:.0f} s"}
+    run = run_guirl(args.mode, CONFIGS[args.mode], settings(args, n, tmp, rec), args.timeout, ProcessSampler)
+    code, out, pid, sampler = run
+    if code is None:
+        return {"desktops": n, "valid": False, "error": f"did not finish within {args.timeout:.0f} s"}
     wall = time.time() - started
     found = list((tmp / f"n{n}").glob("*/summary.json"))
-    if proc.returncode != 0 or len(found) != 1:
-        return {"desktops": n, "valid": False, "error": f"exit {proc.returncode}: {out[-1500:]}"}
+    if code != 0 or len(found) != 1:
+        return {"desktops": n, "valid": False, "error": f"exit {code}: {out[-1500:]}"}
     run_dir = found[0].parent
     summary = json.loads(found[0].read_text())
     status = json.loads((run_dir / "status.json").read_text())
@@ -314,7 +341,7 @@ def run_point(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> dict[st
     names = {a["pid"]: name for name, a in status.get("actors", {}).items() if a.get("pid")}
     a, b = sampler.at(t0), sampler.at(t1)
     groups: dict[str, list[int]] = {
-        "coordinator": [proc.pid],
+        "coordinator": [pid],
         "broker": [],
         "learner": [],
         "env_worker": [],
@@ -392,7 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         "--jitter", type=float, default=0.2, help="engine and desktop times vary by this fraction either side"
     )
     ap.add_argument("--episodes", type=int, default=4, help="episodes per desktop")
-    ap.add_argument("--update-s", type=float, default=1.0, help="--mode train: seconds per simulated update")
+    ap.add_argument(
+        "--update-s", type=positive, default=1.0, help="--mode train: seconds per simulated update"
+    )
     ap.add_argument("--staleness", type=int, default=2, help="--mode train: train.max_staleness")
     ap.add_argument("--vms-per-worker", type=int, default=128)
     ap.add_argument("--screen", type=screen, default=(1920, 1080))
@@ -413,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             size=args.screen,
             vary=True,
+            distinct_screens=max(8, args.steps),  # each step a new screen: trajectories carry one per step
         )
+        rec["root"] = str(tmp / "recording")
         points = []
         for n in args.points:
             point = run_point(args, n, tmp, rec)

@@ -41,9 +41,7 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,27 +51,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.control_plane import screen  # noqa: E402
-from guirl.config.schema import ENV_VARS  # noqa: E402
+from bench.control_plane import numbers, replayed_settings, run_guirl, screen  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
 CONFIG = ROOT / "configs" / "local_rl.toml"
 TARGET_FRACTION = 0.9
 
 
-def factors(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want positive numbers, comma-separated")
-    return values
-
-
 def settings(args: argparse.Namespace, rec: dict, root: Path, update_s: float, sync: bool) -> list[str]:
-    n = args.desktops
-    w, h = args.screen
     return [
         f"run.root_dir={root}",
         f"train.sync={'true' if sync else 'false'}",
@@ -85,74 +70,43 @@ def settings(args: argparse.Namespace, rec: dict, root: Path, update_s: float, s
         "train.checkpoint_every=0",
         f"rollout.batch_size={args.tasks}",
         f"rollout.n_samples_per_prompt={args.samples}",
-        "inference.backend=scripted",
         "inference.scripted.tokens=true",
-        f"inference.scripted.dir={rec['scripts']}",
-        f"inference.scripted.latency_s={args.engine_s}",
-        f"inference.scripted.latency_jitter={args.jitter}",
-        "inference.dispatch=stream",
-        f"inference.max_batch={n}",
-        f"inference.max_queue={max(256, 2 * n)}",
-        "env.provider=replay",
-        f"env.replay.run={rec['root']}",
-        f"env.replay.step_latency_s={args.period - args.engine_s}",
-        f"env.replay.step_jitter={args.jitter}",
-        "env.action_space=computer_use",
-        f"env.screen_width={w}",
-        f"env.screen_height={h}",
-        f"env.max_envs={n}",
-        f"env.prewarm_envs={n}",
-        f"env.workers={max(1, -(-n // 128))}",
         f"agent.max_steps={args.steps + 2}",
-        f"agent.max_pixels={args.max_pixels}",
-        "agent.sleep_after_action_s=0",
-        "logging.level=WARNING",
-        *args.set,
+        *replayed_settings(args, args.desktops, max(1, -(-args.desktops // 128)), rec),
     ]
 
 
 def one_run(args: argparse.Namespace, rec: dict, root: Path, update_s: float, sync: bool) -> dict[str, Any]:
-    overrides = [x for s in settings(args, rec, root, update_s, sync) for x in ("--set", s)]
-    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), "train", "--config", str(CONFIG), *overrides]
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        start_new_session=True,
-    )
-    try:
-        out, _ = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
+    code, out, _, _ = run_guirl("train", CONFIG, settings(args, rec, root, update_s, sync), args.timeout)
+    if code is None:
         return {"valid": False, "error": f"did not finish within {args.timeout:.0f} s"}
     found = list(root.glob("*/summary.json"))
-    if proc.returncode != 0 or len(found) != 1:
-        return {"valid": False, "error": f"exit {proc.returncode}: {out[-1500:]}"}
+    if code != 0 or len(found) != 1:
+        return {"valid": False, "error": f"exit {code}: {out[-1500:]}"}
     run_dir = found[0].parent
     summary = json.loads(found[0].read_text())
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     if len(metrics) < 2:
         return {"valid": False, "error": "fewer than 2 updates: no steady state to measure"}
-    later = metrics[1:]  # the first update waited for start-up and the first batch
+    later, last = metrics[1:], metrics[-1]  # the first update waited for start-up and the first batch
     episodes = [json.loads(p.read_text()) for p in run_dir.glob("episodes/*/*/result.json")]
     seconds = [e["seconds"] for e in episodes if e.get("status") == "completed" and e.get("seconds")]
+    received = last.get("trajectories_received", 0)
+    mb = last.get("trajectories_bytes", 0) / received / 2**20 if received else None
     return {
         "valid": summary["env_errors"] == 0 and not summary.get("learner_restarts"),
         "updates": len(metrics),
-        "per_update_s": round((metrics[-1]["time"] - metrics[0]["time"]) / (len(metrics) - 1), 3),
+        "per_update_s": round((last["time"] - metrics[0]["time"]) / (len(metrics) - 1), 3),
         "collect_s": round(statistics.mean(m["collect_s"] for m in later), 3),
         "update_s": round(statistics.mean(m["update_s"] for m in later), 3),
         "publish_s": round(statistics.mean(m["publish_s"] for m in later), 3),
         "episode_s": round(statistics.mean(seconds), 3) if seconds else None,
         "env_utilisation": summary.get("env_utilisation"),
         "learner_idle_frac": summary.get("learner_idle_frac"),
-        "stale_steps_dropped": sum(m.get("stale_steps_dropped", 0) for m in metrics),
+        # the buffer's own count: a batch that was all stale makes no metrics line of its own
+        "stale_steps_dropped": last.get("buffer.steps.stale_dropped", 0),
         "version_lag_max": max(m["version_lag_max"] for m in metrics),
+        "mb_per_trajectory": round(mb, 3) if mb is not None else None,
         "samples_trained": summary.get("samples_trained"),
         "env_errors": summary["env_errors"],
     }
@@ -180,7 +134,12 @@ def compare(a: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--factors", type=factors, default=[0.25, 1.0, 2.0], help="update time / rollout time")
+    ap.add_argument(
+        "--factors",
+        type=lambda text: numbers(text, float),
+        default=[0.25, 1.0, 2.0],
+        help="update time / rollout time",
+    )
     ap.add_argument("--desktops", type=int, default=64)
     ap.add_argument("--tasks", type=int, default=8, help="GRPO groups per update")
     ap.add_argument("--samples", type=int, default=8, help="episodes per group")
@@ -212,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     try:
         rec = write_recording(
-            tmp / "recording", tasks=args.tasks * (args.updates + 2), steps=args.steps, size=args.screen
+            tmp / "recording",
+            tasks=args.tasks * (args.updates + 2),
+            steps=args.steps,
+            size=args.screen,
+            distinct_screens=args.steps,  # each step a new screen: trajectories carry one per step
         )
         rec["root"] = str(tmp / "recording")
         points = []

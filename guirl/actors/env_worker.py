@@ -114,7 +114,8 @@ class _Episode:
         """Keep a step as a training sample: the engine's exact tokens, each prompt image once."""
         if response.prompt_ids is None or response.response_ids is None or response.logprobs is None:
             raise EnvFault(
-                "the engine returned no token ids: training needs a backend that does (hf, sglang)"
+                "the engine returned no token ids: training needs a backend that does (hf, sglang; scripted "
+                "with inference.scripted.tokens)"
             )
         refs = []
         for png, (w, h) in zip(prompt.images, prompt.image_sizes, strict=True):
@@ -589,10 +590,19 @@ class EnvWorker(Actor):
         except CodecError as exc:  # more than the run's codec limits let one message carry: never sendable
             self.counters["trajectories.unsendable"] += 1
             log.error(
-                "episode %s: its trajectory cannot be sent to the learner, it is not trained on (%s; see "
-                "codec.max_frames)",
+                "episode %s: its trajectory cannot be sent to the learner, and is not trained on (%s: %s; "
+                "see the codec.* limits)",
                 ep.episode_id,
+                exc.code,
                 exc,
+            )
+            # settled, not handed out again: another attempt would be as large (its group trains without it,
+            # after train.group_timeout_s)
+            await retry_idempotent(
+                lambda: self.coord.request(EpisodeDelivered(episode_id=ep.episode_id)),
+                attempts=20,
+                initial=rt.reconnect_backoff_initial_s,
+                cap=rt.reconnect_backoff_max_s,
             )
             return
         except (ActorError, OSError, TimeoutError) as exc:

@@ -122,8 +122,8 @@ class CodecConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     max_frames: PosInt = 1024
     """Most frames accepted in one multipart message. A train run's trajectory is one message of up to
-    `2 + agent.max_steps x (4 + agent.history_images)` frames (per step its prompt ids, response ids and
-    log-probs, and its screens, each sent once); `guirl train` refuses a limit below that."""
+    `2 + 4 x agent.max_steps` frames (per step its prompt ids, response ids, log-probs and screen: a history
+    image is an earlier step's screen, sent once); `guirl train` refuses a limit below that."""
     max_frame_bytes: PosInt = 64 * 2**20
     """Largest accepted single frame, in bytes."""
     max_body_bytes: PosInt = 8 * 2**20
@@ -775,7 +775,7 @@ class TrainConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A learner without a model, for measuring the control plane (0 = off, a real learner): trajectories are
     received, checked, buffered and given advantages as always, but each update only takes this many
     seconds, and each version is published with no weights. Needs the scripted backend with
-    `inference.scripted.tokens` (`bench/control_plane.py --decoupling`)."""
+    `inference.scripted.tokens` (`bench/control_plane.py`, `bench/decoupling.py`)."""
 
 
 class FaultsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -207,7 +207,7 @@ def check_train(cfg: GuirlConfig) -> None:
         )
     if not t.updates:
         raise InputError("train.updates must be set (> 0): the number of policy updates to make")
-    frames = trajectory_frames(cfg.agent.max_steps, cfg.agent.history_images)
+    frames = trajectory_frames(cfg.agent.max_steps)
     if frames > cfg.codec.max_frames:  # the env worker could not send a long episode's samples
         raise InputError(
             f"codec.max_frames = {cfg.codec.max_frames} is below the {frames} frames a "
@@ -222,10 +222,11 @@ def check_train(cfg: GuirlConfig) -> None:
             raise InputError("train.eval_every in GUI-R1 mode needs data.eval (held-out rows)")
 
 
-def trajectory_frames(max_steps: int, history_images: int) -> int:
+def trajectory_frames(max_steps: int) -> int:
     """The most wire frames a trajectory of `max_steps` steps takes: body and header, and per step its three
-    tensors (prompt ids, response ids, log-probs) and at most its prompt's screens (each sent once)."""
-    return 2 + max_steps * (3 + 1 + history_images)
+    tensors (prompt ids, response ids, log-probs) and its screen. A screen travels once: a history image is
+    an earlier step's screen, the same bytes (`guirl.agent.prompt.keep_resized`)."""
+    return 2 + 4 * max_steps
 
 
 def on_cuda(hf: HFBackendConfig) -> bool:

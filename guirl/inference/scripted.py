@@ -8,8 +8,9 @@ the model would write it (Qwen3-VL's computer-use tool call, or GUI-R1's answer 
 
 With `tokens`, results carry token ids and log-probs as a model's engine reports them, so a train run with a
 simulated learner (`guirl.learner.simulated`) runs on scripts: the response's UTF-8 bytes are its ids
-(log-prob 0 each: the script is certain); the prompt's ids are its text's bytes, with each image as
-Qwen3-VL's count of its tokens (`IMAGE_TOKEN` repeated), so a trajectory weighs about what a real one does.
+(log-prob 0 each: the script is certain); the prompt's ids are one per 4 bytes of its text (about what a BPE
+tokenizer gives for English), with each image as Qwen3-VL's count of its tokens (`IMAGE_TOKEN` repeated), so
+a trajectory weighs about what a real one does.
 """
 
 from __future__ import annotations
@@ -82,16 +83,17 @@ class ScriptedEngine:
         """The scripted response of each request's (task, step), after one simulated generation delay
         (`latency_s`, give or take `latency_jitter` of it)."""
         started = time.monotonic()
-        texts = [self._answer(request) for request in batch]  # a bad request fails the batch before the wait
+        # a bad request fails the batch before the wait
+        texts = [self._answer(request) for request in batch]
+        prompts = [_prompt_ids(request) for request in batch] if self.supports_tokens else []
         if self.latency_s > 0:
             jitter = self.latency_jitter * self._rng.uniform(-1, 1)
             await asyncio.sleep(self.latency_s * (1 + jitter))
         results = [GenResult(text=text, finish_reason="stop") for text in texts]
-        if self.supports_tokens:
-            for request, result in zip(batch, results, strict=True):
-                result.prompt_ids = _prompt_ids(request)
-                result.response_ids = list(result.text.encode())
-                result.logprobs = [0.0] * len(result.response_ids)
+        for result, prompt in zip(results, prompts):  # with `tokens`
+            result.prompt_ids = prompt
+            result.response_ids = list(result.text.encode())
+            result.logprobs = [0.0] * len(result.response_ids)
         return stamp(results, self, started)
 
     async def health(self) -> bool:
@@ -137,17 +139,17 @@ class ScriptedEngine:
 
 
 def _prompt_ids(request: GenRequest) -> list[int]:
-    """A scripted prompt's ids (see the module docstring): given ids as they are, else each text part's
-    bytes and each image's Qwen3-VL token count (read from its header)."""
+    """A scripted prompt's ids (see the module docstring): given ids as they are, else one per 4 bytes of
+    each text part and each image's Qwen3-VL token count (read from its header)."""
     if request.prompt_ids is not None:
         return list(request.prompt_ids)
     ids: list[int] = []
     for message in request.messages:
         for tool in message.tools:  # the template writes the tools' schemas into the prompt
-            ids += tool.encode()
+            ids += tool.encode()[::4]
         for part in message.parts:
             if not isinstance(part, ImagePart):
-                ids += part.text.encode()
+                ids += part.text.encode()[::4]
                 continue
             if not 0 <= part.index < len(request.images):
                 raise EngineError(f"image {part.index} of {len(request.images)}", retryable=False)

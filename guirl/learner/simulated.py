@@ -6,8 +6,8 @@ version is checkpointed (its bookkeeping), announced to the coordinator and publ
 the disk path, as a weight file with no tensors, which the scripted engines take as the new version). Only
 the update itself is replaced: it takes `update_s` seconds on the torch thread, as a real one would hold
 it, and changes nothing. So a benchmark can give the learner GUI-RL's update time without GUI-RL's GPUs,
-and the decoupled layout's overlap is measured through the real actors (`bench/control_plane.py
---decoupling`).
+and the decoupled layout's overlap is measured through the real actors (`bench/control_plane.py`,
+`bench/decoupling.py`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,7 @@ class SimulatedTrainer:
 
     def load(self, resume_from: Path | None = None, **_: Any) -> None:
         """Nothing to load; a checkpoint to resume from must be a simulated learner's."""
-        if resume_from is not None and not (Path(resume_from) / SIMULATED_MARKER).is_file():
-            raise ValueError(f"{resume_from}: a real learner's checkpoint, not a simulated one's")
+        check_resumable(resume_from, simulated=True)
 
     def step(self, samples: list[TrainSample]) -> dict[str, float]:
         """Hold the torch thread for `update_s` (a blocking wait: the actor's loop stays free, as with a
@@ -69,3 +68,18 @@ class SimulatedTrainer:
 
     def stop(self) -> None:
         """Nothing to release."""
+
+
+def check_resumable(resume_from: Path | None, *, simulated: bool) -> None:
+    """ValueError when `resume_from` is a checkpoint of the other kind: a simulated learner's holds no model
+    for a real one to load, and a real one's weights mean nothing to a simulated one."""
+    if resume_from is None:
+        return
+    marked = (Path(resume_from) / SIMULATED_MARKER).is_file()
+    if marked and not simulated:
+        raise ValueError(
+            f"{resume_from} is a simulated learner's checkpoint (train.simulated_update_s): it holds no "
+            "model to resume from"
+        )
+    if simulated and not marked:
+        raise ValueError(f"{resume_from} is a real learner's checkpoint, not a simulated one's")

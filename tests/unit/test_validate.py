@@ -112,7 +112,7 @@ def _load(*overrides: str, mode: str | None = None):
         (
             "train",
             [*TRAINABLE, "agent.max_steps=30", "codec.max_frames=64"],
-            "codec.max_frames = 64 is below the 182 frames a trajectory of agent.max_steps = 30 steps",
+            "codec.max_frames = 64 is below the 122 frames a trajectory of agent.max_steps = 30 steps",
         ),
         (
             "train",
