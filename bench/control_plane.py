@@ -1,8 +1,15 @@
-"""The control plane at 64, 256 and 1,024 desktops: does one coordinator, one broker and the env workers keep
-up with a thousand desktops stepping every few seconds, and what saturates first?
+"""The control plane at 64, 256 and 1,024 desktops: does one coordinator, one broker, the learner's intake and
+the env workers keep up with a thousand desktops stepping every few seconds, and what saturates first?
 
-Each point is one `guirl eval` (this checkout's `bin/guirl`, a subprocess: the public entry point, its real
-actor processes) on configs/local_eval.toml with `--set` overrides:
+Each point is one `guirl train` (`--mode train`, the default; configs/local_rl.toml) or `guirl eval`
+(`--mode eval`; configs/local_eval.toml): this checkout's `bin/guirl`, a subprocess (the public entry point,
+its real actor processes), with `--set` overrides:
+
+- train mode: a simulated learner (`train.simulated_update_s`, `--update-s` per update: the real intake,
+  GRPO groups of 8, advantages and versions around a timed update) at `train.max_staleness` `--staleness`,
+  a batch of about one episode per desktop; the scripted engines answer with token ids
+  (`inference.scripted.tokens`). The JSON's `intake` says what reached the learner: trajectories/s, MB/s
+  and MB per trajectory, steps trained and dropped for staleness;
 
 - the desktops are replayed (`env.provider = "replay"`, `guirl.vmpool.replay`): a synthetic recorded run
   (`guirl.testing.recording`) of desktop-like screens, `--screen` (1920x1080 by default) PNGs of about
@@ -27,16 +34,18 @@ tail where desktops run out of episodes left out):
   answer there (traj.jsonl's `infer_s`: the prompt built, the ZeroMQ hops, the broker's queue and routing),
   minus the engine's own time (`engine_s`);
 - CPU seconds per step of the coordinator (the driver process: coordinator, supervisor, progress), the
-  broker, the env workers (each, and all) and the replay hosts (the desktops: not guirl's), from
-  /proc/PID/stat sampled every 0.5 s; each one's busy fraction (a process saturates at one core, the
-  machine at its cores); and the first component to saturate: the busiest process relative to a core;
+  broker, the learner (train mode), the env workers (each, and all) and the replay hosts (the desktops: not
+  guirl's), from /proc/PID/stat sampled every 0.5 s; each one's busy fraction (a process saturates at one
+  core, the machine at its cores); and the first component to saturate: the busiest process relative to a
+  core;
 - memory per desktop slot: the env workers' and replay hosts' resident memory over the desktops.
 
 Targets (the issue's): at 1,024 desktops with a 5 s period, >= 90 % of the ideal rate (>= 185 steps/s) and
 guirl's added latency <= 20 ms at p99. Prints a table, then one line of JSON.
 
-    python bench/control_plane.py [--points 64,256,1024] [--period 5] [--engine-s 1] [--steps 10]
-        [--episodes 4] [--vms-per-worker 128] [--screen 1920x1080] [--keep] [--set KEY=VALUE ...]
+    python bench/control_plane.py [--mode train|eval] [--points 64,256,1024] [--period 5] [--engine-s 1]
+        [--steps 10] [--episodes 4] [--update-s 1] [--staleness 2] [--vms-per-worker 128]
+        [--screen 1920x1080] [--keep] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
