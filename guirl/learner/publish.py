@@ -84,7 +84,9 @@ class WeightDelivery:
         from guirl.weights.broadcast_publisher import GuirlLayoutPublisher, SGLangLayoutPublisher
 
         broadcaster = None
-        if cfg.weight_sync == "broadcast" and not cfg.simulated_update_s:  # a simulated one has no weights
+        if cfg.simulated_update_s and cfg.weight_sync == "broadcast":
+            log.info("a simulated learner has no weights to broadcast: each version goes by the disk path")
+        if cfg.weight_sync == "broadcast" and not cfg.simulated_update_s:
             group = {
                 "host": host_address(),  # the learner host's cluster address (loopback on one machine)
                 "backend": transport.backend,
