@@ -51,13 +51,10 @@ guirl's added latency <= 20 ms at p99. Prints a table, then one line of JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -67,8 +64,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.replayed import numbers, positive, replayed_settings, run_guirl, screen  # noqa: E402
 from bench.sampling import Sampler, proc_table  # noqa: E402
-from guirl.config.schema import ENV_VARS  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
 CONFIGS = {"train": ROOT / "configs" / "local_rl.toml", "eval": ROOT / "configs" / "local_eval.toml"}
@@ -81,36 +78,6 @@ TARGET_FRACTION = 0.9
 TARGET_P99_MS = 20.0
 WINDOW = 0.6
 """The share of a run's stepping, in its middle, over which it is measured."""
-
-
-def numbers(text: str, kind: type = int) -> list:
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
-    if not values or min(values) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want positive numbers, comma-separated")
-    return values
-
-
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want a number above 0")
-    return value
-
-
-def screen(text: str) -> tuple[int, int]:
-    try:
-        w, h = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: want WIDTHxHEIGHT") from None
-    if not (64 <= w <= 8192 and 64 <= h <= 8192):
-        raise argparse.ArgumentTypeError(f"{text!r}: sides of 64 to 8192 pixels")
-    return w, h
 
 
 # -- processes --------------------------------------------------------------------------------------------
@@ -190,59 +157,6 @@ def settings(args: argparse.Namespace, n: int, tmp: Path, rec: dict) -> list[str
         f"agent.max_steps={2 * args.steps + 2}",
         *replayed_settings(args, n, workers, rec),
     ]
-
-
-def replayed_settings(args: argparse.Namespace, n: int, workers: int, rec: dict) -> list[str]:
-    """What this bench and bench/decoupling.py share: `n` desktops replaying `rec` (each step `args.period`
-    minus `args.engine_s` on the desktop), over `workers` env workers, and the scripted latency model
-    (`args.engine_s` per request, streamed) as the policy; screens shown as they are (`args.max_pixels`)."""
-    w, h = args.screen
-    return [
-        "inference.backend=scripted",
-        "inference.engines=1",
-        "inference.dispatch=stream",
-        f"inference.max_batch={n}",
-        f"inference.max_queue={max(256, 2 * n)}",
-        f"inference.scripted.dir={rec['scripts']}",
-        f"inference.scripted.latency_s={args.engine_s}",
-        f"inference.scripted.latency_jitter={args.jitter}",
-        "env.provider=replay",
-        f"env.replay.run={rec['root']}",
-        f"env.replay.step_latency_s={args.period - args.engine_s}",
-        f"env.replay.step_jitter={args.jitter}",
-        "env.action_space=computer_use",
-        f"env.screen_width={w}",
-        f"env.screen_height={h}",
-        f"env.max_envs={n}",
-        f"env.prewarm_envs={n}",
-        f"env.workers={workers}",
-        f"agent.max_pixels={args.max_pixels}",
-        "agent.sleep_after_action_s=0",
-        "logging.level=WARNING",
-        *args.set,
-    ]
-
-
-def run_guirl(mode: str, config: Path, settings: list[str], timeout: float, watch: Any = None) -> tuple:
-    """`bin/guirl MODE --config CONFIG --set ...` as a subprocess in a session of its own (its whole tree is
-    killed past `timeout`), watched by `watch(pid)` (a context manager: a `Sampler`) while it runs. Returns
-    (its exit code, None when it timed out; its output; its pid; the watcher)."""
-    overrides = [x for s in settings for x in ("--set", s)]
-    cmd = [sys.executable, str(ROOT / "bin" / "guirl"), mode, "--config", str(config), *overrides]
-    env = {k: v for k, v in os.environ.items() if k not in ENV_VARS}
-    pipe = subprocess.PIPE
-    proc = subprocess.Popen(
-        cmd, stdout=pipe, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True
-    )
-    watcher = watch(proc.pid) if watch is not None else contextlib.nullcontext()
-    with watcher:
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return None, "", proc.pid, watcher
-    return proc.returncode, out, proc.pid, watcher
 
 
 def steps_of(run_dir: Path) -> tuple[list[dict], list[float]]:
@@ -451,7 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             steps=args.steps,
             size=args.screen,
             vary=True,
-            distinct_screens=max(8, args.steps),  # each step a new screen: trajectories carry one per step
+            # each step a new screen (episodes are up to 1.5 x --steps long): one per step, as a desktop's
+            distinct_screens=max(8, args.steps + args.steps // 2 + 1),
         )
         rec["root"] = str(tmp / "recording")
         points = []

@@ -51,7 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.control_plane import numbers, replayed_settings, run_guirl, screen  # noqa: E402
+from bench.replayed import numbers, replayed_settings, run_guirl, screen  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
 CONFIG = ROOT / "configs" / "local_rl.toml"
@@ -166,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--engine-s must be above 0 and below --period")
     if args.updates < 3:
         ap.error("--updates must be at least 3 (the first is start-up)")
+    if min(args.steps, args.desktops, args.tasks, args.samples) < 1:
+        ap.error("--steps, --desktops, --tasks and --samples must be at least 1")
     rollout_s = args.steps * args.period
     tmp = Path(tempfile.mkdtemp(prefix="guirl-decoupling-"))
     started = time.monotonic()

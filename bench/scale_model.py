@@ -34,7 +34,7 @@ import json
 # measured here (2 cores; see docs/scale.md), per env step unless said otherwise
 MEASURED = {
     "broker_messaging_ms": 0.85,  # bench/control_plane.py at 1,024 desktops (0.7-1.7 over the points)
-    "broker_render_ms": 3.9,  # bench/broker_render.py: CPU per full-HD request (2.8-3.9 over thread counts)
+    "broker_render_ms": 3.9,  # bench/broker_render.py: CPU per full-HD request timed alone (3.85; 4.4 once)
     "broker_render_gil_ms": 1.53,  # bench/broker_render.py: the most of a render that can hold the GIL
     "coordinator_ms_per_episode": 4.4,  # 0.55 ms per step over the bench's ~8-step episodes
     "env_worker_ms": {"1280x800": 5.2, "1920x1080": 115.0},  # the full-HD figure is the screen's resample

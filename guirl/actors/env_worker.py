@@ -596,8 +596,8 @@ class EnvWorker(Actor):
                 exc.code,
                 exc,
             )
-            # settled, not handed out again: another attempt would be as large (its group trains without it,
-            # after train.group_timeout_s)
+            # settled, not handed out again: another attempt would likely be as large. Its group waits for it
+            # up to train.group_timeout_s, then trains on the members it has (two or more) or is dropped.
             await retry_idempotent(
                 lambda: self.coord.request(EpisodeDelivered(episode_id=ep.episode_id)),
                 attempts=20,
