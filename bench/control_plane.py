@@ -53,10 +53,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,7 +62,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.replayed import numbers, positive, replayed_settings, run_guirl, screen  # noqa: E402
+from bench.replayed import numbers, positive, replayed_settings, run_guirl, scratch, screen  # noqa: E402
 from bench.sampling import Sampler, proc_table  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
@@ -357,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 0 < args.engine_s < args.period:
         ap.error("--engine-s must be above 0 and below --period")
-    tmp = Path(tempfile.mkdtemp(prefix="guirl-control-"))
-    try:
+    with scratch("guirl-control-", keep=args.keep) as tmp:
         rec = write_recording(
             tmp / "recording",
             tasks=max(args.points) * args.episodes,
@@ -405,11 +402,6 @@ def main(argv: list[str] | None = None) -> int:
             },
         }
         print(json.dumps(result))
-    finally:
-        if args.keep:
-            print(f"kept: {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

@@ -40,10 +40,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.replayed import numbers, replayed_settings, run_guirl, screen  # noqa: E402
+from bench.replayed import numbers, replayed_settings, run_guirl, scratch, screen  # noqa: E402
 from guirl.testing.recording import write_recording  # noqa: E402
 
 CONFIG = ROOT / "configs" / "local_rl.toml"
@@ -169,9 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.steps, args.desktops, args.tasks, args.samples) < 1:
         ap.error("--steps, --desktops, --tasks and --samples must be at least 1")
     rollout_s = args.steps * args.period
-    tmp = Path(tempfile.mkdtemp(prefix="guirl-decoupling-"))
     started = time.monotonic()
-    try:
+    with scratch("guirl-decoupling-", keep=args.keep) as tmp:
         rec = write_recording(
             tmp / "recording",
             tasks=args.tasks * (args.updates + 2),
@@ -221,11 +218,6 @@ def main(argv: list[str] | None = None) -> int:
             "bench_wall_s": round(time.monotonic() - started, 1),
         }
         print(json.dumps(result))
-    finally:
-        if args.keep:
-            print(f"kept: {tmp}", file=sys.stderr)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

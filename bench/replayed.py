@@ -7,9 +7,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +103,16 @@ def run_guirl(mode: str, config: Path, settings: list[str], timeout: float, watc
             proc.communicate()
             return None, "", proc.pid, watcher
     return proc.returncode, out, proc.pid, watcher
+
+
+@contextlib.contextmanager
+def scratch(prefix: str, *, keep: bool) -> Iterator[Path]:
+    """A temporary directory for a bench's recording and runs: removed at the end, or kept (and said)."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield tmp
+    finally:
+        if keep:
+            print(f"kept: {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
