@@ -598,13 +598,7 @@ class EnvWorker(Actor):
             )
             # settled, not handed out again: another attempt would likely be as large. Its group waits for it
             # up to train.group_timeout_s, then trains on the members it has (two or more) or is dropped.
-            await retry_idempotent(
-                lambda: self.coord.request(EpisodeDelivered(episode_id=ep.episode_id)),
-                attempts=20,
-                initial=rt.reconnect_backoff_initial_s,
-                cap=rt.reconnect_backoff_max_s,
-            )
-            return
+            tell: Any = EpisodeDelivered(episode_id=ep.episode_id)
         except (ActorError, OSError, TimeoutError) as exc:
             self.counters["trajectories.undelivered"] += 1
             # the learner shut down after its last update (the end of a run) or died (a fault)
@@ -614,7 +608,7 @@ class EnvWorker(Actor):
                 ep.episode_id,
                 exc,
             )
-            back = EpisodeRejected(
+            tell = EpisodeRejected(
                 episode_id=ep.episode_id,
                 group_id=ep.group_id,
                 sample_index=ep.sample_index,
@@ -622,17 +616,12 @@ class EnvWorker(Actor):
                 reason=f"not delivered to the learner: {exc}"[:300],
                 undelivered=True,
             )
-            await retry_idempotent(
-                lambda: self.coord.request(back),
-                attempts=20,
-                initial=rt.reconnect_backoff_initial_s,
-                cap=rt.reconnect_backoff_max_s,
-            )
-            return
-        self.counters["trajectories.sent"] += 1
-        # the coordinator holds the sample until now: had this worker died before, it would go out again
+        else:
+            self.counters["trajectories.sent"] += 1
+            # the coordinator holds the sample until now: had this worker died before, it would go out again
+            tell = EpisodeDelivered(episode_id=ep.episode_id)
         await retry_idempotent(
-            lambda: self.coord.request(EpisodeDelivered(episode_id=ep.episode_id)),
+            lambda: self.coord.request(tell),
             attempts=20,
             initial=rt.reconnect_backoff_initial_s,
             cap=rt.reconnect_backoff_max_s,

@@ -84,9 +84,11 @@ class WeightDelivery:
         from guirl.weights.broadcast_publisher import GuirlLayoutPublisher, SGLangLayoutPublisher
 
         broadcaster = None
-        if cfg.simulated_update_s and cfg.weight_sync == "broadcast":
+        broadcast = cfg.weight_sync == "broadcast"
+        if broadcast and cfg.simulated_update_s:
             log.info("a simulated learner has no weights to broadcast: each version goes by the disk path")
-        if cfg.weight_sync == "broadcast" and not cfg.simulated_update_s:
+            broadcast = False
+        if broadcast:
             group = {
                 "host": host_address(),  # the learner host's cluster address (loopback on one machine)
                 "backend": transport.backend,

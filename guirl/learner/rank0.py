@@ -76,13 +76,9 @@ class Rank0:
     def load(self, resume_from: Path | None) -> Any:
         """On the torch thread: the trainer, joined with the ranks and loaded (from `resume_from`, a
         checkpoint directory, when given); FatalError when that is not a checkpoint."""
-        from guirl.learner.simulated import SimulatedTrainer, check_resumable
+        from guirl.learner.simulated import SimulatedTrainer
         from guirl.learner.trainer import Trainer
 
-        try:
-            check_resumable(resume_from, simulated=bool(self.train.simulated_update_s))
-        except ValueError as exc:
-            raise FatalError(str(exc)) from exc
         if self.train.simulated_update_s:  # no model: the control plane measured around a timed update
             self.trainer = SimulatedTrainer(self.train.simulated_update_s)
         else:

@@ -124,7 +124,8 @@ class Trainer:
     ) -> None:
         """Join the ranks (torchrun's environment, or `rendezvous`: see `spawn_followers`), load and
         shard the model, make the optimizer and the reference; with `resume_from` (rank 0's checkpoint
-        directory) restore the model, the optimizer and the RNG from it, on every rank."""
+        directory) restore the model, the optimizer and the RNG from it, on every rank. ValueError for a
+        simulated learner's checkpoint (no model in it)."""
         import torch
         import torch.distributed as dist
         from transformers import Qwen3VLForConditionalGeneration
@@ -132,6 +133,9 @@ class Trainer:
 
         from guirl.inference.chat import ChatRenderer
         from guirl.learner.fsdp import init_distributed, shard_model
+        from guirl.learner.simulated import check_resumable
+
+        check_resumable(resume_from, simulated=False)
 
         hf_logging.disable_progress_bar()  # progress bars on a service's stderr are noise
         backend = {"cpu": "gloo", "cuda": "nccl"}.get(self.device)
